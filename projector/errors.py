@@ -1,0 +1,103 @@
+"""The error tree of projector, so callers branch on meaning, not on HTTP library types.
+
+    ProjectorError
+    ├── InvalidGrant              a grant that cannot be acted on as written (terminal)
+    └── ApiError(status, reason)  the API server answered with an error status
+        ├── NotFound              404
+        ├── Conflict              409 (stale resourceVersion, or AlreadyExists)
+        ├── Forbidden             403
+        ├── Gone                  410 (a watch's resourceVersion is too old: relist)
+        ├── Invalid               422
+        ├── TooManyRequests       429 (carries retry_after)
+        └── ServerError           5xx, and transport failures (status 0)
+
+Messages never carry Secret values: they are built from status codes, reasons and the
+server's message, which Kubernetes writes without Secret data.
+"""
+
+from __future__ import annotations
+
+
+class ProjectorError(Exception):
+    """Base of every error projector raises on purpose."""
+
+
+class InvalidGrant(ProjectorError):
+    """A grant that cannot be acted on as written; retrying will not help."""
+
+    def __init__(self, grant: str, why: str) -> None:
+        super().__init__(f"grant {grant}: {why}")
+        self.grant = grant
+        self.why = why
+
+
+class ApiError(ProjectorError):
+    """The API server answered with an error status (or could not be reached: status 0)."""
+
+    def __init__(self, status: int, reason: str = "", message: str = "") -> None:
+        super().__init__(f"{status} {reason}: {message}".strip())
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def transient(self) -> bool:
+        """Tell whether retrying the same request later may succeed."""
+        return self.status in (0, 409, 429) or self.status >= 500
+
+
+class NotFound(ApiError):
+    """404: the object (or its namespace) does not exist."""
+
+
+class Conflict(ApiError):
+    """409: a stale resourceVersion, or AlreadyExists on create."""
+
+    @property
+    def already_exists(self) -> bool:
+        """Tell a create that hit an existing object from an update that was stale."""
+        return self.reason == "AlreadyExists"
+
+
+class Forbidden(ApiError):
+    """403: RBAC or admission said no (a terminating namespace gives this on create)."""
+
+
+class Gone(ApiError):
+    """410: the watch's resourceVersion has been compacted away; the informer must relist."""
+
+
+class Invalid(ApiError):
+    """422: the object was rejected by validation."""
+
+
+class TooManyRequests(ApiError):
+    """429: the server asks us to slow down, for `retry_after` seconds."""
+
+    def __init__(self, status: int, reason: str = "", message: str = "", retry_after: float = 1.0):
+        super().__init__(status, reason, message)
+        self.retry_after = retry_after
+
+
+class ServerError(ApiError):
+    """5xx, or a transport failure (status 0): the server is unwell or unreachable."""
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    410: Gone,
+    422: Invalid,
+}
+
+
+def api_error(
+    status: int, reason: str = "", message: str = "", retry_after: float = 1.0
+) -> ApiError:
+    """Build the most specific ApiError for an HTTP status."""
+    if status == 429:
+        return TooManyRequests(status, reason, message, retry_after)
+    if status == 0 or status >= 500:
+        return ServerError(status, reason, message)
+    return _BY_STATUS.get(status, ApiError)(status, reason, message)

@@ -1,0 +1,331 @@
+"""Value types of the projector API: the parsed ProjectionGrant and the cached views of objects.
+
+Everything here is immutable and free of I/O, so the reconcile core can be a pure function of
+these values. Raw API payloads are parsed once, at the informer edge, into these types.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, NewType
+
+from projector.errors import InvalidGrant
+
+GROUP = "projector.nebari.dev"
+VERSION = "v1alpha1"
+PREFIX = f"{GROUP}/"
+
+EXPORT_LABEL = f"{PREFIX}export"
+EXPORT_TO_ANNOTATION = f"{PREFIX}export-to"
+MANAGED_BY_LABEL = f"{PREFIX}managed-by"
+MANAGED_BY_VALUE = "projector"
+GRANT_LABEL = f"{PREFIX}grant"
+GRANT_UID_ANNOTATION = f"{PREFIX}grant-uid"
+SOURCE_ANNOTATION = f"{PREFIX}source"
+HASH_ANNOTATION = f"{PREFIX}content-hash"
+ON_REVOKE_ANNOTATION = f"{PREFIX}on-revoke"
+ON_SOURCE_DELETED_ANNOTATION = f"{PREFIX}on-source-deleted"
+
+Uid = NewType("Uid", str)
+"""An object's metadata.uid: the only identity that cannot be spoofed by relabelling."""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ObjectKey:
+    """Namespace and name of a namespaced object."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class OnRevoke(StrEnum):
+    """What happens to a copy when the grant, the opt-in or the targeting goes away."""
+
+    DELETE = "Delete"
+    RETAIN = "Retain"
+
+
+class OnSourceDeleted(StrEnum):
+    """What happens to the copies when the source Secret is deleted."""
+
+    RETAIN = "Retain"
+    DELETE = "Delete"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyMapping:
+    """One projected key: source key `src` lands as `dst` in the copy."""
+
+    src: str
+    dst: str
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSelector:
+    """A metav1.LabelSelector (matchLabels and matchExpressions)."""
+
+    match_labels: tuple[tuple[str, str], ...] = ()
+    match_expressions: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """Tell whether `labels` satisfy every requirement (an empty selector matches all)."""
+        for k, v in self.match_labels:
+            if labels.get(k) != v:
+                return False
+        for k, op, values in self.match_expressions:
+            present = k in labels
+            if op == "In" and not (present and labels[k] in values):
+                return False
+            if op == "NotIn" and present and labels[k] in values:
+                return False
+            if op == "Exists" and not present:
+                return False
+            if op == "DoesNotExist" and present:
+                return False
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A parsed ProjectionGrant: what an admin allows to be projected, and where."""
+
+    name: str
+    uid: Uid
+    generation: int
+    created: str
+    """creationTimestamp (RFC 3339, so string order is time order): the older grant wins a tie."""
+    source: ObjectKey
+    keys: tuple[KeyMapping, ...] | None
+    """None projects every key of the source."""
+    target_name: str
+    namespaces: frozenset[str]
+    selector: LabelSelector | None
+    labels: tuple[tuple[str, str], ...] = ()
+    annotations: tuple[tuple[str, str], ...] = ()
+    on_revoke: OnRevoke = OnRevoke.DELETE
+    on_source_deleted: OnSourceDeleted = OnSourceDeleted.RETAIN
+    deleting: bool = False
+
+    @property
+    def seniority(self) -> tuple[str, str]:
+        """Sort key among grants competing for one copy: older first, then by name."""
+        return (self.created, self.name)
+
+    def targets(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        """Tell whether the admin's grant aims at this namespace (before the producer's say)."""
+        if namespace in self.namespaces:
+            return True
+        return self.selector is not None and self.selector.matches(labels)
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A cached contract Secret (label `export=true`), content included."""
+
+    key: ObjectKey
+    uid: Uid
+    type: str
+    data: Mapping[str, str]
+    """base64 values exactly as the API returned them; never logged."""
+    export_to: tuple[str, ...]
+    """Patterns from the export-to annotation; empty means nobody."""
+
+    def exports_to(self, namespace: str) -> bool:
+        """Tell whether the producer allows a copy in `namespace` (default deny)."""
+        return any(fnmatch.fnmatchcase(namespace, p) for p in self.export_to)
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """A cached Namespace: its labels decide selectors, its phase decides whether to write."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    terminating: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """A cached projected Secret. Its data is reduced to `observed_hash` at the informer edge."""
+
+    key: ObjectKey
+    uid: Uid
+    resource_version: str
+    type: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    observed_hash: str
+    """Content hash recomputed from what is really stored, so edits of data are seen as drift."""
+    deleting: bool = False
+
+    @property
+    def grant_uid(self) -> str | None:
+        """The authoritative owner mark (labels are easy to spoof; this is checked)."""
+        return self.annotations.get(GRANT_UID_ANNOTATION)
+
+
+# --- parsing ------------------------------------------------------------------------------------
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
+
+
+def parse_export_to(value: str | None) -> tuple[str, ...]:
+    """Split the producer's export-to annotation; missing or blank means nobody."""
+    if not value:
+        return ()
+    return tuple(p for p in (part.strip() for part in value.split(",")) if p)
+
+
+def parse_grant(obj: Mapping[str, Any]) -> Grant:
+    """Parse a ProjectionGrant object; the CRD validates first, this re-checks what we rely on.
+
+    Raises:
+        InvalidGrant: the object cannot be projected as written (a terminal error).
+    """
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    name = str(meta.get("name", ""))
+    src = spec.get("source") or {}
+    target = spec.get("target") or {}
+    policy = spec.get("policy") or {}
+    if not src.get("namespace") or not src.get("name"):
+        raise InvalidGrant(name, "spec.source.namespace and spec.source.name are required")
+    raw_keys = spec.get("keys")
+    keys: tuple[KeyMapping, ...] | None = None
+    if raw_keys is not None:
+        keys = tuple(KeyMapping(k["from"], k.get("to") or k["from"]) for k in raw_keys)
+        for k in keys:
+            for key in (k.src, k.dst):
+                if not _SECRET_KEY.match(key):
+                    raise InvalidGrant(name, f"invalid Secret key name {key!r}")
+        if len({k.dst for k in keys}) != len(keys):
+            raise InvalidGrant(name, "keys[].to must be unique")
+    namespaces = frozenset(target.get("namespaces") or ())
+    sel = target.get("namespaceSelector")
+    selector = None
+    if sel is not None:
+        selector = LabelSelector(
+            tuple(sorted((sel.get("matchLabels") or {}).items())),
+            tuple(
+                (e["key"], e["operator"], tuple(e.get("values") or ()))
+                for e in sel.get("matchExpressions") or ()
+            ),
+        )
+    if not namespaces and selector is None:
+        raise InvalidGrant(name, "target needs namespaces or namespaceSelector")
+    target_name = target.get("name") or src["name"]
+    if not _DNS1123_SUBDOMAIN.match(target_name):
+        raise InvalidGrant(name, f"target.name {target_name!r} is not a DNS-1123 subdomain")
+    for ns in namespaces:
+        if not _DNS1123_LABEL.match(ns):
+            raise InvalidGrant(name, f"target namespace {ns!r} is not a DNS-1123 label")
+    labels = tuple(sorted((target.get("labels") or {}).items()))
+    annotations = tuple(sorted((target.get("annotations") or {}).items()))
+    for k, _ in labels + annotations:
+        if k.startswith(PREFIX) or k.split("/")[0].endswith("." + GROUP):
+            raise InvalidGrant(name, f"target metadata key {k!r} is reserved for projector")
+    try:
+        on_revoke = OnRevoke(policy.get("onRevoke", OnRevoke.DELETE.value))
+        on_source_deleted = OnSourceDeleted(
+            policy.get("onSourceDeleted", OnSourceDeleted.RETAIN.value)
+        )
+    except ValueError as e:
+        raise InvalidGrant(name, str(e)) from None
+    return Grant(
+        name=name,
+        uid=Uid(str(meta.get("uid", ""))),
+        generation=int(meta.get("generation", 0)),
+        created=str(meta.get("creationTimestamp", "")),
+        source=ObjectKey(src["namespace"], src["name"]),
+        keys=keys,
+        target_name=target_name,
+        namespaces=namespaces,
+        selector=selector,
+        labels=labels,
+        annotations=annotations,
+        on_revoke=on_revoke,
+        on_source_deleted=on_source_deleted,
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def parse_source(obj: Mapping[str, Any]) -> Source:
+    """Parse a contract Secret as cached: content kept, since copies are built from it."""
+    meta = obj["metadata"]
+    return Source(
+        key=ObjectKey(meta["namespace"], meta["name"]),
+        uid=Uid(meta.get("uid", "")),
+        type=obj.get("type") or "Opaque",
+        data=dict(obj.get("data") or {}),
+        export_to=parse_export_to((meta.get("annotations") or {}).get(EXPORT_TO_ANNOTATION)),
+    )
+
+
+def parse_namespace(obj: Mapping[str, Any]) -> Namespace:
+    """Parse a Namespace; a deletionTimestamp or phase Terminating means do not write there."""
+    meta = obj["metadata"]
+    phase = (obj.get("status") or {}).get("phase")
+    return Namespace(
+        name=meta["name"],
+        labels=dict(meta.get("labels") or {}),
+        terminating=bool(meta.get("deletionTimestamp")) or phase == "Terminating",
+    )
+
+
+def content_hash(
+    type_: str,
+    data: Mapping[str, str],
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    *,
+    immutable: bool = False,
+) -> str:
+    """Hash what a copy holds: the diff key between what we want and what is stored.
+
+    The content-hash annotation itself is left out, so the hash of a stored copy can be
+    recomputed from the copy and compared with the annotation and with the desired hash.
+    """
+    meta = {k: v for k, v in annotations.items() if k != HASH_ANNOTATION}
+    blob = json.dumps(
+        [type_, immutable, sorted(data.items()), sorted(labels.items()), sorted(meta.items())],
+        separators=(",", ":"),
+    )
+    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+def parse_copy(obj: Mapping[str, Any]) -> Copy:
+    """Reduce a projected Secret to metadata plus the hash of what it really stores.
+
+    The data is dropped here, so the cache of copies holds no Secret value.
+    """
+    meta = obj["metadata"]
+    labels = dict(meta.get("labels") or {})
+    annotations = dict(meta.get("annotations") or {})
+    type_ = obj.get("type") or "Opaque"
+    return Copy(
+        key=ObjectKey(meta["namespace"], meta["name"]),
+        uid=Uid(meta.get("uid", "")),
+        resource_version=str(meta.get("resourceVersion", "")),
+        type=type_,
+        labels=labels,
+        annotations=annotations,
+        observed_hash=content_hash(
+            type_,
+            obj.get("data") or {},
+            labels,
+            annotations,
+            immutable=bool(obj.get("immutable")),
+        ),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )

@@ -1,0 +1,413 @@
+"""The pure core: from a snapshot of the cluster to a plan of what to do in each namespace.
+
+No I/O and no asyncio here: `plan()` is a function of immutable values, so every row of the
+semantics table is decided in one place that unit tests can drive exhaustively.
+
+Work is keyed by grant name, not by (grant, namespace): the copy's content and its hash are the
+same in every namespace, so they are computed once per grant and each namespace then costs a
+few dict lookups (see `benchmarks/`); the writes a plan yields run concurrently in the writer.
+A grant name with no live grant behind it still gets a plan: it revokes what that name left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from projector.model import (
+    GRANT_LABEL,
+    GRANT_UID_ANNOTATION,
+    HASH_ANNOTATION,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    ON_REVOKE_ANNOTATION,
+    ON_SOURCE_DELETED_ANNOTATION,
+    SOURCE_ANNOTATION,
+    Copy,
+    Grant,
+    Namespace,
+    ObjectKey,
+    OnRevoke,
+    OnSourceDeleted,
+    Source,
+    content_hash,
+)
+
+
+class SourceState(StrEnum):
+    """What we know of the grant's source Secret."""
+
+    AVAILABLE = "Available"
+    NOT_EXPORTED = "NotExported"
+    """It exists but lacks the export label: the producer has not (or no longer) opted in."""
+    MISSING = "Missing"
+    """The API said 404: authoritative evidence that the source is gone."""
+    UNKNOWN = "Unknown"
+    """A read failed: nothing may be deleted on this."""
+
+
+class Action(StrEnum):
+    """What the writer does in one namespace."""
+
+    CREATE = "Create"
+    UPDATE = "Update"
+    REPLACE = "Replace"
+    """Delete then create: the API forbids changing a Secret's type in place."""
+    DELETE = "Delete"
+    NOOP = "NoOp"
+    """Nothing to write: in sync, retained, denied, conflicted or waiting."""
+
+
+class Reason(StrEnum):
+    """Why a namespace is in the state it is in; status and Events use these codes."""
+
+    PROJECTED = "Projected"
+    DENIED = "Denied"
+    CONFLICT = "Conflict"
+    GRANT_CONFLICT = "GrantConflict"
+    SOURCE_NAMESPACE = "SourceNamespace"
+    NAMESPACE_MISSING = "NamespaceMissing"
+    TERMINATING = "NamespaceTerminating"
+    SOURCE_MISSING = "SourceMissing"
+    KEY_MISSING = "KeyMissing"
+    SOURCE_UNKNOWN = "SourceUnknown"
+    REVOKED = "Revoked"
+    RETAINED = "Retained"
+    COPY_DELETING = "CopyDeleting"
+    WRITE_FAILED = "WriteFailed"
+
+
+FAILURE_REASONS = frozenset(
+    {
+        Reason.CONFLICT,
+        Reason.GRANT_CONFLICT,
+        Reason.SOURCE_NAMESPACE,
+        Reason.KEY_MISSING,
+        Reason.WRITE_FAILED,
+    }
+)
+"""Reasons that an admin must act on; they are listed in the grant's status.failures."""
+
+
+@dataclass(frozen=True, slots=True)
+class Desired:
+    """The copy a grant wants; identical in every namespace but for metadata.namespace."""
+
+    name: str
+    type: str
+    data: Mapping[str, str]
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    hash: str
+
+    def manifest(self, namespace: str, resource_version: str | None = None) -> dict[str, object]:
+        """The Secret to send; with a resourceVersion, a PUT that fails if the copy moved on."""
+        meta: dict[str, object] = {
+            "name": self.name,
+            "namespace": namespace,
+            "labels": dict(self.labels),
+            "annotations": dict(self.annotations),
+        }
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": meta,
+            "type": self.type,
+            "data": dict(self.data),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The decision for one namespace: an action, the reason behind it, and what it acts on."""
+
+    namespace: str
+    action: Action
+    reason: Reason
+    existing: Copy | None = None
+    """The copy acted on; its uid and resourceVersion are the write's preconditions."""
+    name: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Everything one reconcile of a grant name decided; the writer executes `writes`."""
+
+    grant_name: str
+    grant: Grant | None
+    source_state: SourceState
+    desired: Desired | None
+    steps: tuple[Step, ...]
+    matched: int
+    """Namespaces the admin's grant aims at (the producer's opt-in not yet applied)."""
+
+    @property
+    def writes(self) -> tuple[Step, ...]:
+        """Steps that need the API."""
+        return tuple(s for s in self.steps if s.action is not Action.NOOP)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of one step once the writer ran it (NoOp steps pass through as they are)."""
+
+    step: Step
+    reason: Reason
+    message: str = ""
+    written: bool = False
+
+    @property
+    def namespace(self) -> str:
+        """The namespace the outcome is about."""
+        return self.step.namespace
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The state one reconcile reads, taken from the informers' caches at one moment."""
+
+    grant_name: str
+    grant: Grant | None
+    source: Source | None
+    source_state: SourceState
+    namespaces: Mapping[str, Namespace]
+    copies: Iterable[Copy]
+    """Copies labelled with this grant name, and any copy at a place the grant may write."""
+    live_grant_uids: frozenset[str]
+    rivals: tuple[Grant, ...] = ()
+    """Other live grants with the same target name; the older one wins a shared copy."""
+    rival_sources: Mapping[ObjectKey, Source] = field(default_factory=dict)
+
+
+def desired_copy(grant: Grant, source: Source) -> Desired | str:
+    """Build the copy for a grant, or name the first key the source lacks."""
+    if grant.keys is None:
+        data = dict(source.data)
+        type_ = source.type
+    else:
+        data = {}
+        for k in grant.keys:
+            if k.src not in source.data:
+                return k.src
+            data[k.dst] = source.data[k.src]
+        whole = {k.src for k in grant.keys} == set(source.data) and all(
+            k.src == k.dst for k in grant.keys
+        )
+        type_ = source.type if whole else "Opaque"
+    labels = dict(grant.labels)
+    labels[MANAGED_BY_LABEL] = MANAGED_BY_VALUE
+    labels[GRANT_LABEL] = grant.name
+    annotations = dict(grant.annotations)
+    annotations[GRANT_UID_ANNOTATION] = grant.uid
+    annotations[SOURCE_ANNOTATION] = str(source.key)
+    annotations[ON_REVOKE_ANNOTATION] = grant.on_revoke.value
+    annotations[ON_SOURCE_DELETED_ANNOTATION] = grant.on_source_deleted.value
+    digest = content_hash(type_, data, labels, annotations)
+    annotations[HASH_ANNOTATION] = digest
+    return Desired(grant.target_name, type_, data, labels, annotations, digest)
+
+
+def _wants(grant: Grant, source: Source | None, ns: Namespace) -> bool:
+    """Tell whether both the admin and the producer want a copy of `grant` in `ns`."""
+    return (
+        ns.name != grant.source.namespace
+        and grant.targets(ns.name, ns.labels)
+        and source is not None
+        and source.exports_to(ns.name)
+    )
+
+
+def _senior_rival(snap: Snapshot, grant: Grant, ns: Namespace) -> Grant | None:
+    """The oldest other grant that also wants this grant's copy in `ns`, if older than us."""
+    best: Grant | None = None
+    for rival in snap.rivals:
+        if rival.seniority >= grant.seniority or rival.deleting:
+            continue
+        if _wants(rival, snap.rival_sources.get(rival.source), ns) and (
+            best is None or rival.seniority < best.seniority
+        ):
+            best = rival
+    return best
+
+
+def _revoke(copy: Copy, reason: Reason, policy: OnRevoke | OnSourceDeleted) -> Step:
+    """Handle a copy that is no longer wanted, by the policy it falls under."""
+    if policy.value == "Delete":
+        return Step(copy.key.namespace, Action.DELETE, reason, copy, copy.key.name)
+    return Step(copy.key.namespace, Action.NOOP, Reason.RETAINED, copy, copy.key.name)
+
+
+def _recorded_policy(copy: Copy) -> OnRevoke:
+    """The revoke policy a copy was created under; Retain if unreadable (no delete on a guess)."""
+    try:
+        return OnRevoke(copy.annotations.get(ON_REVOKE_ANNOTATION, OnRevoke.RETAIN.value))
+    except ValueError:
+        return OnRevoke.RETAIN
+
+
+def plan(snap: Snapshot) -> Plan:
+    """Decide, for every namespace touched by a grant name, what to write and why."""
+    grant = snap.grant
+    # Copies this grant name may act on: its own (by uid), or orphans of an earlier grant of the
+    # same name (label matches, uid belongs to no live grant).
+    owned: dict[ObjectKey, Copy] = {}
+    by_key: dict[ObjectKey, Copy] = {}
+    for c in snap.copies:
+        by_key[c.key] = c
+        uid = c.grant_uid
+        if (grant is not None and uid == grant.uid) or (
+            c.labels.get(GRANT_LABEL) == snap.grant_name and uid not in snap.live_grant_uids
+        ):
+            owned[c.key] = c
+
+    if grant is None or grant.deleting:
+        gone = tuple(_revoke(c, Reason.REVOKED, _recorded_policy(c)) for c in owned.values())
+        return Plan(snap.grant_name, grant, snap.source_state, None, gone, 0)
+
+    steps: list[Step] = []
+    handled: set[ObjectKey] = set()
+    desired: Desired | None = None
+    missing_key = ""
+    source = snap.source if snap.source_state is SourceState.AVAILABLE else None
+    if source is not None:
+        built = desired_copy(grant, source)
+        if isinstance(built, Desired):
+            desired = built
+        else:
+            missing_key = built
+
+    if grant.selector is None:
+        candidates: Iterable[str] = sorted(grant.namespaces)
+    else:
+        candidates = sorted(n for n, ns in snap.namespaces.items() if grant.targets(n, ns.labels))
+    matched = 0
+    for name in candidates:
+        key = ObjectKey(name, grant.target_name)
+        existing = by_key.get(key)
+        mine = existing is not None and existing.key in owned
+        if existing is not None and mine:
+            handled.add(key)
+        ns = snap.namespaces.get(name)
+        if name == grant.source.namespace:
+            if name in grant.namespaces:
+                steps.append(
+                    Step(
+                        name,
+                        Action.NOOP,
+                        Reason.SOURCE_NAMESPACE,
+                        name=key.name,
+                        message="the source's own namespace is never a target",
+                    )
+                )
+            continue
+        matched += 1
+        if ns is None:
+            steps.append(Step(name, Action.NOOP, Reason.NAMESPACE_MISSING, name=key.name))
+            continue
+        if ns.terminating:
+            steps.append(Step(name, Action.NOOP, Reason.TERMINATING, existing, key.name))
+            continue
+        state = snap.source_state
+        if state is SourceState.UNKNOWN:
+            steps.append(Step(name, Action.NOOP, Reason.SOURCE_UNKNOWN, existing, key.name))
+            continue
+        if state is SourceState.MISSING:
+            if existing is not None and mine:
+                step = _revoke(existing, Reason.SOURCE_MISSING, grant.on_source_deleted)
+                steps.append(
+                    step
+                    if step.action is Action.DELETE
+                    else Step(name, Action.NOOP, Reason.SOURCE_MISSING, existing, key.name)
+                )
+            else:
+                steps.append(Step(name, Action.NOOP, Reason.SOURCE_MISSING, name=key.name))
+            continue
+        if source is None or not source.exports_to(name):
+            if existing is not None and mine:
+                step = _revoke(existing, Reason.DENIED, grant.on_revoke)
+                steps.append(
+                    step
+                    if step.action is Action.DELETE
+                    else Step(name, Action.NOOP, Reason.DENIED, existing, key.name)
+                )
+            else:
+                steps.append(Step(name, Action.NOOP, Reason.DENIED, name=key.name))
+            continue
+        if desired is None:
+            steps.append(
+                Step(
+                    name,
+                    Action.NOOP,
+                    Reason.KEY_MISSING,
+                    existing,
+                    key.name,
+                    message=f"source has no key {missing_key!r}; last copy kept",
+                )
+            )
+            continue
+        rival = _senior_rival(snap, grant, ns)
+        if rival is not None:
+            steps.append(
+                Step(
+                    name,
+                    Action.NOOP,
+                    Reason.GRANT_CONFLICT,
+                    existing,
+                    key.name,
+                    message=f"older grant {rival.name} projects to the same Secret",
+                )
+            )
+            continue
+        steps.append(_converge(grant, desired, name, existing, snap.live_grant_uids))
+
+    # Owned copies the grant no longer wants here (untargeted namespace, renamed target).
+    for key, copy in owned.items():
+        if key in handled:
+            continue
+        if snap.source_state is SourceState.UNKNOWN:
+            steps.append(Step(key.namespace, Action.NOOP, Reason.SOURCE_UNKNOWN, copy, key.name))
+        else:
+            steps.append(_revoke(copy, Reason.REVOKED, grant.on_revoke))
+    return Plan(snap.grant_name, grant, snap.source_state, desired, tuple(steps), matched)
+
+
+def _converge(
+    grant: Grant, desired: Desired, ns: str, existing: Copy | None, live: frozenset[str]
+) -> Step:
+    """Bring the copy in one wanted namespace to the desired content, if it is ours to write."""
+    name = desired.name
+    if existing is None:
+        return Step(ns, Action.CREATE, Reason.PROJECTED, None, name)
+    owner = existing.grant_uid
+    if owner != grant.uid:
+        orphan = owner not in live and existing.labels.get(GRANT_LABEL) == grant.name
+        rival_gave_way = owner in live  # live owner is junior or no longer wants it
+        if not (orphan or rival_gave_way) or owner is None:
+            return Step(
+                ns,
+                Action.NOOP,
+                Reason.CONFLICT,
+                existing,
+                name,
+                message="a Secret of that name exists and is not owned by this grant",
+            )
+    if existing.deleting:
+        return Step(ns, Action.NOOP, Reason.COPY_DELETING, existing, name)
+    if existing.type != desired.type:
+        return Step(
+            ns,
+            Action.REPLACE,
+            Reason.PROJECTED,
+            existing,
+            name,
+            message=f"type {existing.type} -> {desired.type}",
+        )
+    in_sync = (
+        existing.observed_hash == desired.hash
+        and existing.annotations.get(HASH_ANNOTATION) == desired.hash
+    )
+    return Step(ns, Action.NOOP if in_sync else Action.UPDATE, Reason.PROJECTED, existing, name)

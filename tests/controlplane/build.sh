@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Build kube-apiserver, kube-controller-manager and etcd from their published Go modules into a
+# cache outside the repository, keyed by version. A second run finds the binaries and exits at once.
+#
+# Why wrapper modules: k8s.io/kubernetes requires its staging modules at v0.0.0 and maps them to
+# ./staging by `replace`, which only the main module may do; so a small module of ours requires
+# k8s.io/kubernetes and re-declares those replaces, generated from the published go.mod (never typed).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "$here/versions.env"
+cache="${PROJECTOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/projector}"
+bin="$cache/bin/kube-$KUBE_VERSION-etcd-$ETCD_VERSION"
+export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+mkdir -p "$bin"
+
+log() { printf '[controlplane] %s\n' "$*" >&2; }
+fail() { log "FAILED: $*"; exit 1; }
+
+build_kube() {
+  local work="$cache/src/kube-$KUBE_VERSION" minor="${KUBE_VERSION#v1.}"
+  local staging="v0.${minor}"
+  mkdir -p "$work"
+  if [[ ! -f "$work/go.sum" ]]; then
+    log "resolving k8s.io/kubernetes@$KUBE_VERSION"
+    local gomod
+    gomod="$(cd "$(mktemp -d)" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" \
+      | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')" \
+      || fail "go mod download k8s.io/kubernetes@$KUBE_VERSION"
+    (
+      cd "$work"
+      rm -f go.mod go.sum
+      go mod init projector.invalid/controlplane/kube >/dev/null 2>&1
+      go mod edit -go=1.26.0 -require="k8s.io/kubernetes@$KUBE_VERSION"
+      sed -n 's|^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/src/k8s.io/.*|\1|p' "$gomod" \
+        | while read -r m; do go mod edit -replace="$m=$m@$staging"; done
+      cat > tools.go <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+)
+GO
+      go mod tidy >/dev/null || fail "go mod tidy in $work"
+    )
+  fi
+  local ld="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION"
+  ld+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor%%.*}"
+  ld+=" -X k8s.io/component-base/version.gitTreeState=clean"
+  for cmd in kube-apiserver kube-controller-manager; do
+    [[ -x "$bin/$cmd" ]] && continue
+    log "building $cmd $KUBE_VERSION (cold: many minutes on 2 cores)"
+    (cd "$work" && go build -trimpath -ldflags "$ld" -o "$bin/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd") \
+      || fail "go build k8s.io/kubernetes/cmd/$cmd@$KUBE_VERSION"
+    mv "$bin/$cmd.tmp" "$bin/$cmd"
+  done
+}
+
+build_etcd() {
+  [[ -x "$bin/etcd" ]] && return
+  local work="$cache/src/etcd-$ETCD_VERSION"
+  mkdir -p "$work"
+  log "building etcd $ETCD_VERSION"
+  (
+    cd "$work"
+    if [[ ! -f go.sum ]]; then
+      rm -f go.mod
+      go mod init projector.invalid/controlplane/etcd >/dev/null 2>&1
+      go mod edit -go=1.26.0 -require="go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+      printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' > tools.go
+      go mod tidy >/dev/null || fail "go mod tidy in $work"
+    fi
+    go build -trimpath -ldflags "-s -w" -o "$bin/etcd.tmp" go.etcd.io/etcd/server/v3
+  ) || fail "go build go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+  mv "$bin/etcd.tmp" "$bin/etcd"
+}
+
+start=$(date +%s)
+build_etcd
+build_kube
+log "binaries ready in $bin ($(( $(date +%s) - start ))s)"
+echo "$bin"
