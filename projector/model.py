@@ -329,3 +329,34 @@ def parse_copy(obj: Mapping[str, Any]) -> Copy:
         ),
         deleting=bool(meta.get("deletionTimestamp")),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class GrantRecord:
+    """A cached ProjectionGrant: parsed spec (or why it is invalid) plus its stored status."""
+
+    name: str
+    uid: Uid
+    generation: int
+    grant: Grant | None
+    invalid: str | None
+    status: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    """Compared with a freshly computed status so unchanged statuses are never rewritten."""
+
+
+def parse_grant_record(obj: Mapping[str, Any]) -> GrantRecord:
+    """Parse a grant for the cache; an invalid spec is recorded, not raised, to be reported."""
+    meta = obj.get("metadata") or {}
+    try:
+        grant: Grant | None = parse_grant(obj)
+        invalid = None
+    except InvalidGrant as e:
+        grant, invalid = None, e.why
+    return GrantRecord(
+        name=str(meta.get("name", "")),
+        uid=Uid(str(meta.get("uid", ""))),
+        generation=int(meta.get("generation", 0)),
+        grant=grant,
+        invalid=invalid,
+        status=obj.get("status") or {},
+    )

@@ -176,11 +176,14 @@ class Snapshot:
     source_state: SourceState
     namespaces: Mapping[str, Namespace]
     copies: Iterable[Copy]
-    """Copies labelled with this grant name, and any copy at a place the grant may write."""
+    """Copies labelled with this grant name or owned by its uid (and, without `copies_at`,
+    any copy at a place the grant may write)."""
     live_grant_uids: frozenset[str]
     rivals: tuple[Grant, ...] = ()
     """Other live grants with the same target name; the older one wins a shared copy."""
     rival_sources: Mapping[ObjectKey, Source] = field(default_factory=dict)
+    copies_at: Mapping[ObjectKey, Copy] | None = None
+    """Every cached copy by key, looked up at each wanted place (the informer's own dict)."""
 
 
 def desired_copy(grant: Grant, source: Source) -> Desired | str:
@@ -288,6 +291,8 @@ def plan(snap: Snapshot) -> Plan:
     for name in candidates:
         key = ObjectKey(name, grant.target_name)
         existing = by_key.get(key)
+        if existing is None and snap.copies_at is not None:
+            existing = snap.copies_at.get(key)
         mine = existing is not None and existing.key in owned
         if existing is not None and mine:
             handled.add(key)

@@ -1,0 +1,103 @@
+"""Settings of `projector run`, from flags with environment fallbacks (DESIGN §7)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything the controller is told at start; immutable once running."""
+
+    kubeconfig: str | None = None
+    """Path to a kubeconfig; None: in-cluster config, then $KUBECONFIG."""
+    namespace: str = "projector-system"
+    """The controller's own namespace: its Lease and Events live here."""
+    http_port: int = 8080
+    """One port for /metrics, /healthz and /readyz; 0 picks a free one."""
+    http_host: str = "0.0.0.0"
+    workers: int = 4
+    """Grants reconciled concurrently."""
+    write_concurrency: int = 32
+    """Copy writes in flight at once, across all grants."""
+    debounce: float = 0.05
+    """Trailing window that collapses bursts of source changes into one reconcile."""
+    debounce_max: float = 0.5
+    """A key waits at most this long after its first change, however busy the burst."""
+    qps: float = 200.0
+    """Client-side request rate limit; 0 disables."""
+    burst: int = 400
+    leader_elect: bool = False
+    id: str = ""
+    """This replica's identity in the Lease; default hostname."""
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    log_level: str = "info"
+    conflict_recheck: float = 60.0
+    """How often a grant with conflicts looks again (the blocking object is not cached)."""
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"PROJECTOR_{name}", default)
+
+
+def parse(argv: Sequence[str] | None = None) -> Config:
+    """Parse `projector run` flags; each flag also reads PROJECTOR_<FLAG> from the environment."""
+    d = Config()
+    p = argparse.ArgumentParser(prog="projector run", description="Run the projector controller.")
+    p.add_argument("--kubeconfig", default=os.environ.get("PROJECTOR_KUBECONFIG") or None)
+    p.add_argument("--namespace", default=_env("NAMESPACE", d.namespace))
+    p.add_argument("--http-port", type=int, default=int(_env("HTTP_PORT", str(d.http_port))))
+    p.add_argument("--http-host", default=_env("HTTP_HOST", d.http_host))
+    p.add_argument("--workers", type=int, default=int(_env("WORKERS", str(d.workers))))
+    p.add_argument(
+        "--write-concurrency",
+        type=int,
+        default=int(_env("WRITE_CONCURRENCY", str(d.write_concurrency))),
+    )
+    p.add_argument(
+        "--debounce",
+        type=float,
+        default=float(_env("DEBOUNCE", str(d.debounce))),
+        help="trailing debounce window in seconds",
+    )
+    p.add_argument(
+        "--debounce-max",
+        type=float,
+        default=float(_env("DEBOUNCE_MAX", str(d.debounce_max))),
+        help="maximum wait of a debounced key in seconds",
+    )
+    p.add_argument("--qps", type=float, default=float(_env("QPS", str(d.qps))))
+    p.add_argument("--burst", type=int, default=int(_env("BURST", str(d.burst))))
+    p.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=_env("LEADER_ELECT", "false").lower() in ("1", "true", "yes"),
+    )
+    p.add_argument("--id", default=_env("ID", "") or socket.gethostname())
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level))
+    a = p.parse_args(argv)
+    if a.workers < 1 or a.write_concurrency < 1:
+        p.error("--workers and --write-concurrency must be at least 1")
+    if a.debounce < 0 or a.debounce_max < a.debounce:
+        p.error("need 0 <= --debounce <= --debounce-max")
+    return Config(
+        kubeconfig=a.kubeconfig,
+        namespace=a.namespace,
+        http_port=a.http_port,
+        http_host=a.http_host,
+        workers=a.workers,
+        write_concurrency=a.write_concurrency,
+        debounce=a.debounce,
+        debounce_max=a.debounce_max,
+        qps=a.qps,
+        burst=a.burst,
+        leader_elect=a.leader_elect,
+        id=a.id,
+        log_level=a.log_level,
+    )

@@ -1,0 +1,411 @@
+"""An asyncio work queue with client-go ``workqueue`` semantics and a trailing debounce.
+
+Reconciliation is level-based, so the queue carries only keys, never events, and its job is to
+run each key *often enough but never twice at once*. Each key is in exactly one of three states,
+and, independently, is or is not being processed:
+
+* **idle**: nothing pending.
+* **waiting**: it has a deadline in the timer heap (debounce window, ``add_after`` or backoff).
+* **dirty**: it needs a run now. A dirty key that is not processing sits in the FIFO ready
+  queue, at most once; a dirty key that is processing is re-queued by ``done()``.
+
+The client-go invariants follow: N adds collapse into one run; a key is never handed to two
+getters at once (``get`` moves it to *processing*, and adds meanwhile only mark it dirty); ready
+keys come out in FIFO order; adds after ``shut_down()`` are dropped.
+
+Delays, all per key and all driven by one heap of ``(deadline, seq, key)``:
+
+* ``add`` is debounced: the first add at ``t0`` schedules the key at ``t0 + debounce``; each
+  further add at ``t`` pushes it back to ``min(t + debounce, t0 + debounce_max)``, so a burst
+  collapses into one run while latency stays bounded. The window restarts once the key becomes
+  dirty. With ``debounce == 0`` the key is ready at once.
+* ``add_after`` and ``add_rate_limited`` (exponential per-key backoff) only ever move a deadline
+  *earlier*, and a later debounced add can never push the key past them.
+* ``add_now`` bypasses every delay. A key that is already dirty absorbs all adds: the run it is
+  waiting for reads the latest state anyway.
+
+Deadlines come from a :class:`Clock` (the running loop's clock by default, so virtual-time loops
+work). One ``loop.call_at`` timer, armed for the earliest deadline, calls :meth:`WorkQueue.poll`;
+with a fake clock, tests advance the clock and call ``poll()`` themselves. Entries are deleted
+lazily: pushing a deadline back only updates the key's record and the old heap entry is re-pushed
+when it pops, so every operation is O(log n) and the heap is compacted when stale entries pile up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Final, Generic, Protocol, TypeVar
+
+__all__ = ["EVENTS", "Clock", "QueueShutDown", "WorkQueue"]
+
+K = TypeVar("K", bound=Hashable)
+
+EVENTS: Final = ("added", "coalesced", "retried", "dropped")
+"""Names passed to ``on_event``: a key newly needs work (``added``), an add absorbed by a key
+already waiting or dirty (``coalesced``; ``added + coalesced`` is every add call), a rate-limited
+retry (``retried``, also followed by ``added``/``coalesced``), an add after shutdown (``dropped``).
+"""
+
+_MAX_BACKOFF_EXPONENT: Final = 64  # 2.0**64 * any sane base exceeds any sane cap; avoids overflow
+_COMPACT_SLACK: Final = 64
+
+
+class Clock(Protocol):
+    """A monotonic time source, injectable so tests can move time by hand."""
+
+    def now(self) -> float:
+        """Return monotonic seconds."""
+        ...
+
+
+class QueueShutDown(Exception):  # named like asyncio.QueueShutDown (3.13)
+    """Raised by :meth:`WorkQueue.get` once the queue is shut down and nothing is ready."""
+
+
+class _Pending:
+    """The delay record of a waiting key (mutable, so pushing it back costs no heap push)."""
+
+    __slots__ = ("deadline", "first", "hard", "seq")
+
+    def __init__(self, deadline: float, seq: int, first: float | None, hard: float) -> None:
+        self.deadline = deadline  # when the key becomes dirty
+        self.seq = seq  # identifies the heap entry that is live for this key
+        self.first = first  # start of the debounce window; None if no debounced add yet
+        self.hard = hard  # earliest add_after deadline: debounce never pushes past it
+
+
+class WorkQueue(Generic[K]):
+    """Deduplicating, debouncing, rate-limiting work queue of keys (see the module docstring).
+
+    Args:
+        debounce: Trailing window of :meth:`add`, in seconds; 0 makes ``add`` immediate.
+        debounce_max: Longest a key may be pushed back by repeated adds, from its first add.
+        backoff_base: First delay of :meth:`add_rate_limited`; it doubles on each failure.
+        backoff_max: Cap of the rate-limited delay.
+        clock: Time source for deadlines. None uses the running loop's ``time()``.
+        on_event: Metrics hook, called synchronously with a name from :data:`EVENTS` and the key.
+    """
+
+    def __init__(
+        self,
+        *,
+        debounce: float = 0.0,
+        debounce_max: float = 1.0,
+        backoff_base: float = 0.005,
+        backoff_max: float = 300.0,
+        clock: Clock | None = None,  # None: loop.time()
+        on_event: Callable[[str, K], None] | None = None,
+    ) -> None:
+        if debounce < 0 or debounce_max < debounce:
+            raise ValueError(f"need 0 <= debounce <= debounce_max: {debounce}, {debounce_max}")
+        if backoff_base < 0 or backoff_max < 0:
+            raise ValueError(f"backoffs must be >= 0: {backoff_base}, {backoff_max}")
+        self._debounce = debounce
+        self._debounce_max = debounce_max
+        self._backoff_base = backoff_base
+        self._backoff_max = backoff_max
+        self._clock = clock
+        self._on_event = on_event
+
+        self._queue: deque[K] = deque()  # ready: dirty and not processing, FIFO
+        self._dirty: set[K] = set()
+        self._processing: set[K] = set()
+        self._pending: dict[K, _Pending] = {}  # waiting keys
+        self._heap: list[tuple[float, int, K]] = []  # (deadline, seq, key), lazily deleted
+        self._seq = itertools.count()
+        self._failures: dict[K, int] = {}
+        self._shutting_down = False
+
+        self._getters: deque[asyncio.Future[None]] = deque()
+        self._drainers: list[asyncio.Future[None]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_deadline = math.inf
+
+    # -- adding ---------------------------------------------------------------------------------
+
+    def add(self, key: K) -> None:
+        """Add ``key`` after the trailing debounce window, so bursts collapse into one run."""
+        if self._shutting_down:
+            self._emit("dropped", key)
+            return
+        if key in self._dirty:
+            self._emit("coalesced", key)
+            return
+        if self._debounce <= 0:
+            self._release(key)
+            return
+        now = self._now()
+        pending = self._pending.get(key)
+        if pending is None:
+            self._emit("added", key)
+            deadline = now + self._debounce  # debounce <= debounce_max, checked in __init__
+            self._schedule(key, _Pending(deadline, next(self._seq), now, math.inf))
+            return
+        self._emit("coalesced", key)
+        if pending.first is None:
+            pending.first = now
+        target = min(now + self._debounce, pending.first + self._debounce_max, pending.hard)
+        if target < pending.deadline:
+            self._move_earlier(key, pending, target)
+        else:
+            pending.deadline = target  # pushed back lazily: the heap entry re-pushes on pop
+
+    def add_now(self, key: K) -> None:
+        """Add ``key`` bypassing any debounce or delay, for changes that must not wait."""
+        if self._shutting_down:
+            self._emit("dropped", key)
+            return
+        if key in self._dirty:
+            self._emit("coalesced", key)
+            return
+        self._release(key)
+
+    def add_after(self, key: K, delay: float) -> None:
+        """Add ``key`` in ``delay`` seconds; a key already waiting only ever moves earlier."""
+        if self._shutting_down:
+            self._emit("dropped", key)
+            return
+        if key in self._dirty:
+            self._emit("coalesced", key)
+            return
+        if delay <= 0:
+            self._release(key)
+            return
+        target = self._now() + delay
+        pending = self._pending.get(key)
+        if pending is None:
+            self._emit("added", key)
+            self._schedule(key, _Pending(target, next(self._seq), None, target))
+            return
+        self._emit("coalesced", key)
+        if target < pending.hard:
+            pending.hard = target
+        if target < pending.deadline:
+            self._move_earlier(key, pending, target)
+
+    def add_rate_limited(self, key: K) -> None:
+        """Retry ``key`` after its exponential backoff, so a failing key cannot hot-loop."""
+        if self._shutting_down:
+            self._emit("dropped", key)
+            return
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        self._emit("retried", key)
+        self.add_after(key, self.backoff(failures))
+
+    def backoff(self, failures: int) -> float:
+        """Return the rate-limited delay after ``failures`` earlier failures."""
+        exponent = min(failures, _MAX_BACKOFF_EXPONENT)
+        return min(self._backoff_base * 2.0**exponent, self._backoff_max)
+
+    def forget(self, key: K) -> None:
+        """Reset the failure count of ``key``, after it succeeded or was deleted."""
+        self._failures.pop(key, None)
+
+    def num_requeues(self, key: K) -> int:
+        """Return how many rate-limited retries ``key`` has had since it was last forgotten."""
+        return self._failures.get(key, 0)
+
+    # -- consuming ------------------------------------------------------------------------------
+
+    async def get(self) -> K:
+        """Wait for a ready key and mark it processing; pair every call with :meth:`done`.
+
+        Raises:
+            QueueShutDown: The queue is shut down and no key is ready.
+        """
+        queue = self._queue
+        while not queue:
+            if self._shutting_down:
+                raise QueueShutDown
+            if self._heap:
+                self.poll()  # a fake clock may have moved; also arms the timer if adds came early
+                if queue:
+                    break
+            getter = asyncio.get_running_loop().create_future()
+            self._getters.append(getter)
+            try:
+                await getter
+            except BaseException:
+                getter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._getters.remove(getter)
+                if queue and not getter.cancelled():
+                    self._wake_getter()  # it was woken for a key it will not take: pass it on
+                raise
+        key = queue.popleft()
+        self._dirty.discard(key)
+        self._processing.add(key)
+        return key
+
+    def done(self, key: K) -> None:
+        """Finish processing ``key``; if it was added meanwhile, it is ready again now.
+
+        A key re-added meanwhile through a delay (debounce, ``add_after``) keeps that delay.
+
+        Raises:
+            ValueError: ``key`` is not processing (``done`` twice, or without ``get``).
+        """
+        try:
+            self._processing.remove(key)
+        except KeyError:
+            raise ValueError(f"done() for a key that is not processing: {key!r}") from None
+        if key in self._dirty:
+            self._queue.append(key)
+            self._wake_getter()
+        if not self._processing and self._drainers:
+            for drainer in self._drainers:
+                if not drainer.done():
+                    drainer.set_result(None)
+            self._drainers.clear()
+
+    def shut_down(self) -> None:
+        """Stop accepting adds and wake all getters; ready keys are still handed out.
+
+        Waiting keys are dropped: nothing would run them. Keys dirty while processing are
+        re-queued by ``done()``, as in client-go.
+        """
+        self._shutting_down = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_deadline = math.inf
+        self._pending.clear()
+        self._heap.clear()
+        while self._getters:
+            getter = self._getters.popleft()
+            if not getter.done():
+                getter.set_result(None)
+
+    async def drain(self) -> None:
+        """Wait until no key is processing, e.g. for workers to finish after ``shut_down()``."""
+        while self._processing:
+            drainer = asyncio.get_running_loop().create_future()
+            self._drainers.append(drainer)
+            await drainer
+
+    # -- introspection --------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Return the number of ready keys (the queue depth)."""
+        return len(self._queue)
+
+    def waiting(self) -> int:
+        """Return the number of keys waiting for a deadline (debounce, delay or backoff)."""
+        return len(self._pending)
+
+    @property
+    def processing(self) -> frozenset[K]:
+        """The keys handed out by ``get()`` and not yet ``done()``."""
+        return frozenset(self._processing)
+
+    # -- timers ---------------------------------------------------------------------------------
+
+    def poll(self) -> int:
+        """Move due keys to ready; called by timers, and by tests with a fake clock.
+
+        Returns:
+            The number of keys that became dirty.
+        """
+        released = self._release_due(self._now()) if self._heap else 0
+        self._arm()
+        return released
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        now = self._now()
+        if self._clock is None:
+            # The loop runs handles up to its clock resolution early; don't spin on them.
+            now = max(now, self._timer_deadline)
+        self._timer_deadline = math.inf
+        self._release_due(now)
+        self._arm()
+
+    def _release_due(self, now: float) -> int:
+        heap, pending_by_key = self._heap, self._pending
+        released = 0
+        while heap and heap[0][0] <= now:
+            deadline, seq, key = heapq.heappop(heap)
+            pending = pending_by_key.get(key)
+            if pending is None or pending.seq != seq:
+                continue  # stale: released or moved earlier since
+            if pending.deadline > deadline:
+                pass
+            del pending_by_key[key]
+            self._make_dirty(key)
+            released += 1
+        return released
+
+    def _arm(self) -> None:
+        """Keep one timer armed for the earliest heap entry (possibly stale: harmless)."""
+        if not self._heap or self._shutting_down:
+            return
+        deadline = self._heap[0][0]
+        if self._timer is not None:
+            if self._timer_deadline <= deadline:
+                return
+            self._timer.cancel()
+            self._timer = None
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop yet: get() arms it
+        when = deadline if self._clock is None else loop.time() + (deadline - self._clock.now())
+        self._timer = loop.call_at(when, self._on_timer)
+        self._timer_deadline = deadline
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _now(self) -> float:
+        if self._clock is not None:
+            return self._clock.now()
+        return asyncio.get_running_loop().time()
+
+    def _emit(self, event: str, key: K) -> None:
+        if self._on_event is not None:
+            self._on_event(event, key)
+
+    def _release(self, key: K) -> None:
+        """Make a key that is not dirty dirty now, cancelling any delay it had."""
+        self._emit("added" if self._pending.pop(key, None) is None else "coalesced", key)
+        self._make_dirty(key)
+
+    def _make_dirty(self, key: K) -> None:
+        self._dirty.add(key)
+        if key not in self._processing:
+            self._queue.append(key)
+            self._wake_getter()
+
+    def _wake_getter(self) -> None:
+        getters = self._getters
+        while getters:
+            getter = getters.popleft()
+            if not getter.done():
+                getter.set_result(None)
+                return
+
+    def _schedule(self, key: K, pending: _Pending) -> None:
+        self._pending[key] = pending
+        self._push(pending.deadline, pending.seq, key)
+
+    def _move_earlier(self, key: K, pending: _Pending, deadline: float) -> None:
+        pending.deadline = deadline
+        pending.seq = next(self._seq)  # orphans the old, later heap entry
+        self._push(deadline, pending.seq, key)
+
+    def _push(self, deadline: float, seq: int, key: K) -> None:
+        heap = self._heap
+        if len(heap) > 2 * len(self._pending) + _COMPACT_SLACK:
+            # Stale entries (released or moved-earlier keys) outnumber live ones: rebuild, O(n)
+            # but amortised O(1) as at least n pushes happened since the last rebuild.
+            heap[:] = [(p.deadline, p.seq, k) for k, p in self._pending.items() if k != key]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (deadline, seq, key))
+        if deadline < self._timer_deadline:
+            self._arm()

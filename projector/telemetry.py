@@ -1,0 +1,189 @@
+"""Metrics, logs, traces and the one HTTP port (/metrics, /healthz, /readyz).
+
+Metrics live on a registry passed in (never the global one), so tests and benchmarks can run
+several controllers in one process. Labels carry grant names, namespaces and reason codes:
+never a Secret value.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from aiohttp import web
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+
+_LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+
+class Metrics:
+    """Every projector_* metric, on one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.projection_latency = Histogram(
+            "projector_projection_latency_seconds",
+            "From a source or grant change observed to the copy written.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.reconcile_duration = Histogram(
+            "projector_reconcile_duration_seconds",
+            "Time to reconcile one grant (writes included).",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.reconciles = Counter(
+            "projector_reconcile_total", "Reconciles by result.", ["result"], registry=r
+        )
+        self.queue_depth = Gauge("projector_queue_depth", "Keys ready to be processed.", registry=r)
+        self.queue_waiting = Gauge(
+            "projector_queue_waiting", "Keys debouncing or backing off.", registry=r
+        )
+        self.queue_events = Counter(
+            "projector_queue_events_total",
+            "Queue adds, coalesced adds and retries.",
+            ["event"],
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "projector_queue_wait_seconds",
+            "From first trigger to the start of processing.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.api_requests = Counter(
+            "projector_api_requests_total",
+            "API requests by verb, resource and status code.",
+            ["verb", "resource", "code"],
+            registry=r,
+        )
+        self.writes = Counter(
+            "projector_writes_total",
+            "Writes of copies by action and result.",
+            ["action", "result"],
+            registry=r,
+        )
+        self.status_writes = Counter(
+            "projector_status_writes_total", "Grant status writes.", registry=r
+        )
+        self.projections = Gauge(
+            "projector_projections",
+            "Namespaces per projection state (reason).",
+            ["state"],
+            registry=r,
+        )
+        self.grants = Gauge("projector_grants", "Grants by readiness.", ["ready"], registry=r)
+        self.leader = Gauge("projector_leader", "1 while this replica leads.", registry=r)
+        self.leader_transitions = Counter(
+            "projector_leader_transitions_total", "Times this replica became leader.", registry=r
+        )
+        self.informer_events = Counter(
+            "projector_informer_events_total",
+            "Informer events by kind and type.",
+            ["kind", "type"],
+            registry=r,
+        )
+        self.drift_corrections = Counter(
+            "projector_drift_corrections_total",
+            "Copies restored after someone changed them.",
+            registry=r,
+        )
+        for result in ("success", "error", "requeue"):
+            self.reconciles.labels(result)
+        for action in ("Create", "Update", "Replace", "Delete"):
+            for result in ("ok", "error", "conflict"):
+                self.writes.labels(action, result)
+
+    def on_request(self, verb: str, resource: str, code: int) -> None:
+        """Kube's request hook."""
+        self.api_requests.labels(verb, resource, str(code)).inc()
+
+    def on_informer_event(self, kind: str, type_: str) -> None:
+        """Informers' event hook."""
+        self.informer_events.labels(kind, type_).inc()
+
+    def on_queue_event(self, event: str, _key: object) -> None:
+        """The work queue's event hook."""
+        self.queue_events.labels(event).inc()
+
+
+def configure_logging(level: str = "info", stream: Any = None) -> None:
+    """JSON logs via structlog, with task-local context (grant, namespace, trace id) merged in."""
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+        ),
+        logger_factory=structlog.PrintLoggerFactory(stream or sys.stdout),
+        cache_logger_on_first_use=True,
+    )
+
+
+def configure_tracing(service: str = "projector") -> trace.Tracer:
+    """An OpenTelemetry tracer; spans are exported over OTLP only when an endpoint is set."""
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    return provider.get_tracer("projector")
+
+
+def trace_id() -> str:
+    """The current span's trace id in hex, or '' outside a sampled span."""
+    ctx = trace.get_current_span().get_span_context()
+    return f"{ctx.trace_id:032x}" if ctx.is_valid else ""
+
+
+def http_app(
+    metrics: Metrics, *, alive: Callable[[], bool], ready: Callable[[], bool]
+) -> web.Application:
+    """The one HTTP port: liveness, readiness (every informer synced) and Prometheus metrics."""
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n") if alive() else web.Response(status=503, text="stalled\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n") if ready() else web.Response(status=503, text="syncing\n")
+
+    async def metrics_handler(request: web.Request) -> web.Response:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(body=encoder(metrics.registry), headers={"Content-Type": content_type})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_handler)
+    return app
