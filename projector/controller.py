@@ -87,6 +87,7 @@ class Controller:
         self.writer = writer
         self.tracer = tracer or trace.get_tracer("projector")
         self.triggers = Triggers()
+        metrics.bind_queue(queue)
         self._copies_by_label: defaultdict[str, set[ObjectKey]] = defaultdict(set)
         self._copies_by_uid: defaultdict[str, set[ObjectKey]] = defaultdict(set)
         self._pending_since: dict[str, float] = {}
@@ -205,8 +206,6 @@ class Controller:
                 name = await self.queue.get()
             except QueueShutDown:
                 return
-            self.metrics.queue_depth.set(len(self.queue))
-            self.metrics.queue_waiting.set(self.queue.waiting())
             try:
                 result = await self.reconcile(name)
             except Exception:

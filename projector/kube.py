@@ -20,7 +20,7 @@ import httpx
 import kr8s
 import kr8s.asyncio
 
-from projector.errors import ApiError, ServerError, api_error
+from projector.errors import ApiError, ProjectorError, ServerError, api_error
 
 Obj = dict[str, Any]
 """A raw Kubernetes object as decoded from JSON."""
@@ -103,7 +103,7 @@ class Kube:
         try:
             api = await kr8s.asyncio.api(kubeconfig=kubeconfig)
         except (httpx.HTTPError, kr8s.ServerError, OSError, ValueError) as e:
-            raise ServerError(0, "Unreachable", f"cannot reach the API server: {e}") from e
+            raise ProjectorError(f"cannot load credentials or reach the API server: {e}") from e
         return cls(api, **kw)
 
     def _record(self, verb: str, res: Resource, code: int) -> None:

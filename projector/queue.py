@@ -336,7 +336,8 @@ class WorkQueue(Generic[K]):
             if pending is None or pending.seq != seq:
                 continue  # stale: released or moved earlier since
             if pending.deadline > deadline:
-                pass
+                heapq.heappush(heap, (pending.deadline, seq, key))  # pushed back meanwhile
+                continue
             del pending_by_key[key]
             self._make_dirty(key)
             released += 1

@@ -65,6 +65,9 @@ class Metrics:
         self.queue_waiting = Gauge(
             "projector_queue_waiting", "Keys debouncing or backing off.", registry=r
         )
+        self.queue_processing = Gauge(
+            "projector_queue_processing", "Keys being reconciled now.", registry=r
+        )
         self.queue_events = Counter(
             "projector_queue_events_total",
             "Queue adds, coalesced adds and retries.",
@@ -119,6 +122,12 @@ class Metrics:
         for action in ("Create", "Update", "Replace", "Delete"):
             for result in ("ok", "error", "conflict"):
                 self.writes.labels(action, result)
+
+    def bind_queue(self, queue: Any) -> None:
+        """Read the queue's gauges at scrape time, so they are never stale."""
+        self.queue_depth.set_function(lambda: len(queue))
+        self.queue_waiting.set_function(queue.waiting)
+        self.queue_processing.set_function(lambda: len(queue.processing))
 
     def on_request(self, verb: str, resource: str, code: int) -> None:
         """Kube's request hook."""

@@ -1,0 +1,147 @@
+"""Our informer and client against the real API server: list+watch, filters, 410, stalls."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from kubernetes import client
+
+from projector.errors import Gone, NotFound
+from projector.informer import Informer
+from projector.kube import SECRETS, Kube, Obj
+from projector.model import ObjectKey
+from tests.controlplane.plane import ControlPlane
+
+
+async def until(cond: Callable[[], object], within: float = 20.0) -> None:
+    """Await a condition with a deadline (the async twin of `eventually`)."""
+    async with asyncio.timeout(within):
+        while not cond():  # noqa: ASYNC110 - polls state another task changes, with a deadline
+            await asyncio.sleep(0.02)
+
+
+def _key(o: Obj) -> ObjectKey:
+    return ObjectKey(o["metadata"]["namespace"], o["metadata"]["name"])
+
+
+def _data(o: Obj) -> dict[str, str]:
+    return dict(o.get("data") or {})
+
+
+@pytest.fixture
+async def kube(control_plane: ControlPlane) -> AsyncIterator[Kube]:
+    k = await Kube.connect(str(control_plane.kubeconfig))
+    yield k
+    await k.close()
+
+
+def secret(core: client.CoreV1Api, ns: str, name: str, labels: dict[str, str], v: str) -> None:
+    core.create_namespaced_secret(
+        ns,
+        client.V1Secret(
+            metadata=client.V1ObjectMeta(name=name, labels=labels),
+            data={"v": base64.b64encode(v.encode()).decode()},
+        ),
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(inf: Informer[ObjectKey, dict[str, str]]) -> AsyncIterator[None]:
+    task = asyncio.create_task(inf.run())
+    try:
+        await asyncio.wait_for(inf.synced.wait(), 20)
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_list_then_watch_with_label_filter(
+    kube: Kube, core_v1: client.CoreV1Api, namespace: str
+) -> None:
+    label = f"informer-test-{namespace}"
+    secret(core_v1, namespace, "before", {label: "yes"}, "1")
+    secret(core_v1, namespace, "unrelated", {}, "1")
+    changes: list[tuple[object, object]] = []
+    inf: Informer[ObjectKey, dict[str, str]] = Informer(
+        kube,
+        SECRETS,
+        parse=_data,
+        key=_key,
+        label_selector=f"{label}=yes",
+        on_change=lambda old, new: changes.append((old, new)),
+    )
+    async with running(inf):
+        assert set(inf.items) == {ObjectKey(namespace, "before")}
+        secret(core_v1, namespace, "after", {label: "yes"}, "2")
+        secret(core_v1, namespace, "unrelated-2", {}, "2")
+        await until(lambda: ObjectKey(namespace, "after") in inf.items)
+        core_v1.patch_namespaced_secret(
+            "before", namespace, {"metadata": {"labels": {label: None}}}
+        )
+        await until(lambda: ObjectKey(namespace, "before") not in inf.items)
+        assert set(inf.items) == {ObjectKey(namespace, "after")}
+        assert (changes[-1][0], changes[-1][1]) == ({"v": base64.b64encode(b"1").decode()}, None)
+
+
+async def test_watch_from_an_expired_version_is_gone(kube: Kube) -> None:
+    with pytest.raises(Gone):
+        async for _ in kube.watch(SECRETS, resource_version="1", timeout_seconds=5):
+            pass
+
+
+async def test_get_missing_is_not_found(kube: Kube, namespace: str) -> None:
+    with pytest.raises(NotFound):
+        await kube.get(SECRETS, "nope", namespace=namespace, metadata_only=True)
+
+
+async def test_resumes_after_server_timeout_and_relists_on_410(
+    kube: Kube, core_v1: client.CoreV1Api, namespace: str
+) -> None:
+    label = f"informer-410-{namespace}"
+    events: Counter[str] = Counter()
+    inf: Informer[ObjectKey, dict[str, str]] = Informer(
+        kube,
+        SECRETS,
+        parse=_data,
+        key=_key,
+        label_selector=f"{label}=yes",
+        timeout_seconds=1,
+        on_event=lambda _kind, t: events.update([t]),
+    )
+    async with running(inf):
+        await until(lambda: events["WATCH_RESTART"] >= 1)  # the server ended a watch; resumed
+        secret(core_v1, namespace, "a", {label: "yes"}, "1")
+        await until(lambda: ObjectKey(namespace, "a") in inf.items)
+        relists = events["RELIST"]
+        inf.resource_version = "1"  # the next resume asks for history long gone: 410
+        await until(lambda: events["RELIST"] > relists)
+        secret(core_v1, namespace, "b", {label: "yes"}, "1")
+        await until(lambda: ObjectKey(namespace, "b") in inf.items)
+        assert inf.healthy.is_set()
+
+
+async def test_silent_watch_is_detected_and_restarted(
+    kube: Kube, core_v1: client.CoreV1Api, namespace: str
+) -> None:
+    label = f"informer-stall-{namespace}"
+    events: Counter[str] = Counter()
+    inf: Informer[ObjectKey, dict[str, str]] = Informer(
+        kube,
+        SECRETS,
+        parse=_data,
+        key=_key,
+        label_selector=f"{label}=yes",
+        read_deadline=0.5,
+        on_event=lambda _kind, t: events.update([t]),
+    )
+    async with running(inf):
+        await until(lambda: events["ERROR"] >= 1)  # no byte for 0.5 s: treated as stalled
+        secret(core_v1, namespace, "late", {label: "yes"}, "1")
+        await until(lambda: ObjectKey(namespace, "late") in inf.items)

@@ -1,0 +1,424 @@
+"""DESIGN §3, row by row, against the real API server and the real `projector run` process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.integration.conftest import Cluster, ControllerProcess
+from tests.support import NamespaceFactory, eventually
+
+DATA = {"token": "CANARY-token-1", "other": "CANARY-other-1"}
+
+
+def ready(k8s: Cluster, grant: str) -> dict[str, Any]:
+    cond = k8s.condition(grant, "Ready")
+    assert cond is not None and cond["status"] == "True", cond
+    return cond
+
+
+def failures(k8s: Cluster, grant: str) -> dict[str, str]:
+    return {f["namespace"]: f["reason"] for f in k8s.status(grant).get("failures") or ()}
+
+
+def test_copy_created_in_every_target_namespace(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess
+) -> None:
+    src, a, b = make_namespace(), make_namespace(), make_namespace()
+    k8s.source(src, "hub", DATA, export_to=f"{a},{b}")
+    g = k8s.grant((src, "hub"), namespaces=[a, b])
+    for ns in (a, b):
+        assert eventually(lambda ns=ns: k8s.copy_data(ns, "hub")) == DATA  # type: ignore[misc]
+    copy = k8s.copy(a, "hub")
+    assert copy is not None
+    assert copy.metadata.labels["projector.nebari.dev/managed-by"] == "projector"
+    assert copy.metadata.labels["projector.nebari.dev/grant"] == g
+    assert (
+        copy.metadata.annotations["projector.nebari.dev/grant-uid"]
+        == k8s.get_grant(g)["metadata"]["uid"]
+    )
+    assert copy.metadata.annotations["projector.nebari.dev/source"] == f"{src}/hub"
+    assert copy.metadata.annotations["projector.nebari.dev/content-hash"].startswith("sha256:")
+    eventually(lambda: ready(k8s, g))
+    assert k8s.status(g)["targets"] == {"matched": 2, "projected": 2, "conflicted": 0, "denied": 0}
+    assert eventually(lambda: [e for e in k8s.events(g) if e.reason == "Created"])
+
+
+def test_source_change_updates_every_copy(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess
+) -> None:
+    src, a, b = make_namespace(), make_namespace(), make_namespace()
+    k8s.source(src, "hub", DATA, export_to="*")
+    k8s.grant((src, "hub"), namespaces=[a, b])
+    eventually(lambda: k8s.copy_data(a, "hub") == DATA and k8s.copy_data(b, "hub") == DATA)
+    k8s.patch_secret(src, "hub", {"data": {"token": "CANARY-token-2"}})
+    want = {**DATA, "token": "CANARY-token-2"}
+    eventually(lambda: k8s.copy_data(a, "hub") == want and k8s.copy_data(b, "hub") == want)
+
+
+@pytest.mark.parametrize(
+    "export_to",
+    [
+        pytest.param(None, id="no-export-to"),
+        pytest.param("", id="empty"),
+        pytest.param("someone-else", id="not-matching"),
+    ],
+)
+def test_default_deny_without_matching_export_to(
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    controller: ControllerProcess,
+    export_to: str | None,
+) -> None:
+    src, a = make_namespace(), make_namespace()
+    k8s.source(src, "hub", DATA, export_to=export_to)
+    g = k8s.grant((src, "hub"), namespaces=[a])
+    eventually(lambda: k8s.status(g).get("targets", {}).get("denied") == 1)
+    assert k8s.copy(a, "hub") is None
+    assert k8s.condition(g, "Ready")["reason"] == "Denied"
+
+
+def test_globs_and_selector(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess
+) -> None:
+    src = make_namespace()
+    team = make_namespace(name=f"team-{src[-5:]}", labels={"pack": src})
+    other = make_namespace(labels={"pack": src})
+    k8s.source(src, "hub", DATA, export_to="team-*")
+    g = k8s.grant((src, "hub"), selector={"matchLabels": {"pack": src}})
+    assert eventually(lambda: k8s.copy_data(team, "hub")) == DATA
+    eventually(lambda: k8s.status(g).get("targets", {}).get("denied") == 1)
+    assert k8s.copy(other, "hub") is None
+
+
+def test_source_namespace_is_never_a_target(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess
+) -> None:
+    src = make_namespace(labels={"sel": "x"})
+    other = make_namespace()
+    k8s.source(src, "hub", DATA, export_to="*")
+    g = k8s.grant((src, "hub"), namespaces=[src, other], target_name="copy")
+    eventually(lambda: k8s.copy_data(other, "copy") == DATA)
+    assert eventually(lambda: failures(k8s, g).get(src)) == "SourceNamespace"
+    assert k8s.copy(src, "copy") is None
+
+
+def test_new_namespace_matching_selector_gets_a_copy(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess
+) -> None:
+    src = make_namespace()
+    k8s.source(src, "hub", DATA, export_to="*")
+    g = k8s.grant((src, "hub"), selector={"matchLabels": {"consumer": src}})
+    eventually(lambda: k8s.status(g).get("targets") is not None)
+    late = make_namespace(labels={"consumer": src})
+    assert eventually(lambda: k8s.copy_data(late, "hub")) == DATA
+
+
+@pytest.mark.parametrize("policy", ["Delete", "Retain"])
+def test_namespace_relabelled_out_follows_on_revoke(
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    controller: ControllerProcess,
+    policy: str,
+    core_v1: client.CoreV1Api,
+) -> None:
+    src = make_namespace()
+    ns = make_namespace(labels={"consumer": src})
+    k8s.source(src, "hub", DATA, export_to="*")
+    g = k8s.grant((src, "hub"), selector={"matchLabels": {"consumer": src}}, on_revoke=policy)
+    eventually(lambda: k8s.copy_data(ns, "hub") == DATA)
+    core_v1.patch_namespace(ns, {"metadata": {"labels": {"consumer": None}}})
+    eventually(lambda: k8s.status(g)["targets"]["matched"] == 0)
+    if policy == "Delete":
+        eventually(lambda: k8s.copy(ns, "hub") is None)
+    else:
+        assert k8s.copy_data(ns, "hub") == DATA
+
+
+@pytest.mark.parametrize("policy", ["Delete", "Retain"])
+def test_export_label_removed_follows_on_revoke(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess, policy: str
+) -> None:
+    src, a = make_namespace(), make_namespace()
+    k8s.source(src, "hub", DATA, export_to="*")
+    g = k8s.grant((src, "hub"), namespaces=[a], on_revoke=policy)
+    eventually(lambda: k8s.copy_data(a, "hub") == DATA)
+    k8s.patch_secret(src, "hub", {"metadata": {"labels": {"projector.nebari.dev/export": None}}})
+    eventually(lambda: (k8s.condition(g, "SourceAvailable") or {}).get("reason") == "NotExported")
+    if policy == "Delete":
+        eventually(lambda: k8s.copy(a, "hub") is None)
+    else:
+        assert k8s.copy_data(a, "hub") == DATA
+    assert k8s.status(g)["targets"]["denied"] == 1
+
+
+@pytest.mark.parametrize("policy", ["Delete", "Retain"])
+def test_grant_deleted_follows_on_revoke(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess, policy: str
+) -> None:
+    src, a = make_namespace(), make_namespace()
+    k8s.source(src, "hub", DATA, export_to="*")
+    g = k8s.grant((src, "hub"), namespaces=[a], on_revoke=policy)
+    eventually(lambda: k8s.copy_data(a, "hub") == DATA)
+    eventually(lambda: ready(k8s, g) and controller.settled())
+    before = controller.reconciles()
+    k8s.delete_grant(g)
+    if policy == "Delete":
+        eventually(lambda: k8s.copy(a, "hub") is None)
+    else:
+        eventually(lambda: controller.reconciles() > before and controller.settled())
+        assert k8s.copy_data(a, "hub") == DATA
+
+
+@pytest.mark.parametrize("policy", ["Retain", "Delete"])
+def test_source_deleted_follows_on_source_deleted(
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    controller: ControllerProcess,
+    policy: str,
+    core_v1: client.CoreV1Api,
+) -> None:
+    src, a = make_namespace(), make_namespace()
+    k8s.source(src, "hub", DATA, export_to="*")
+    g = k8s.grant((src, "hub"), namespaces=[a], on_source_deleted=policy)
+    eventually(lambda: k8s.copy_data(a, "hub") == DATA)
+    core_v1.delete_namespaced_secret("hub", src)
+    eventually(lambda: (k8s.condition(g, "SourceAvailable") or {}).get("reason") == "Missing")
+    if policy == "Delete":
+        eventually(lambda: k8s.copy(a, "hub") is None)
+    else:
+        assert k8s.copy_data(a, "hub") == DATA  # the last good copy is kept
+
+
+def test_key_filter_and_rename(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess
+) -> None:
+    src, a = make_namespace(), make_namespace()
+    k8s.source(src, "hub", DATA, export_to="*")
+    k8s.grant(
+        (src, "hub"),
+        namespaces=[a],
+        keys=[{"from": "token", "to": "api-token"}],
+        target_name="contract",
+    )
+    assert eventually(lambda: k8s.copy_data(a, "contract")) == {"api-token": DATA["token"]}
+
+
+TLS = {"tls.crt": "CANARY-cert", "tls.key": "CANARY-key"}
+
+
+@pytest.mark.parametrize(
+    ("keys", "want_type"),
+    [
+        pytest.param(None, "kubernetes.io/tls", id="whole"),
+        pytest.param([{"from": "tls.crt"}], "Opaque", id="partial"),
+        pytest.param(
+            [{"from": "tls.crt"}, {"from": "tls.key", "to": "key"}], "Opaque", id="renamed"
+        ),
+    ],
+)
+def test_typed_secret(
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    controller: ControllerProcess,
+    keys: list[dict[str, str]] | None,
+    want_type: str,
+) -> None:
+    src, a = make_namespace(), make_namespace()
+    k8s.source(src, "tls", TLS, export_to="*", type_="kubernetes.io/tls")
+    k8s.grant((src, "tls"), namespaces=[a], keys=keys)
+    copy = eventually(lambda: k8s.copy(a, "tls"))
+    assert copy.type == want_type
+
+
+def test_drift_is_corrected(
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    controller: ControllerProcess,
+    core_v1: client.CoreV1Api,
+) -> None:
+    src, a = make_namespace(), make_namespace()
+    k8s.source(src, "hub", DATA, export_to="*")
+    k8s.grant((src, "hub"), namespaces=[a])
+    eventually(lambda: k8s.copy_data(a, "hub") == DATA)
+    k8s.patch_secret(a, "hub", {"data": {"token": "CANARY-tampered", "extra": "CANARY-extra"}})
+    eventually(lambda: k8s.copy_data(a, "hub") == DATA)
+    k8s.patch_secret(a, "hub", {"metadata": {"labels": {"sneaky": "yes"}}})
+    eventually(lambda: "sneaky" not in (k8s.copy(a, "hub").metadata.labels or {}))
+    core_v1.delete_namespaced_secret("hub", a)
+    eventually(lambda: k8s.copy_data(a, "hub") == DATA)
+    assert controller.metric("projector_drift_corrections_total") >= 1
+
+
+def test_unowned_target_is_left_alone(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess
+) -> None:
+    src, a = make_namespace(), make_namespace()
+    theirs = {"mine": "CANARY-not-yours"}
+    k8s.source(a, "hub", theirs, exported=False)
+    k8s.source(src, "hub", DATA, export_to="*")
+    g = k8s.grant((src, "hub"), namespaces=[a])
+    assert eventually(lambda: failures(k8s, g).get(a)) == "Conflict"
+    assert k8s.copy_data(a, "hub") == theirs
+    assert (k8s.condition(g, "Conflicted") or {}).get("status") == "True"
+    assert eventually(lambda: [e for e in k8s.events(g) if e.reason == "Conflict"])
+    before = controller.reconciles()
+    k8s.delete_grant(g)
+    eventually(lambda: controller.reconciles() > before and controller.settled())
+    assert k8s.copy_data(a, "hub") == theirs
+    assert controller.metric("projector_writes_total", action="Delete") == 0
+
+
+def test_labelled_secret_in_ungranted_namespace_never_receives_data(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess
+) -> None:
+    src, a, bystander = make_namespace(), make_namespace(), make_namespace()
+    k8s.source(src, "hub", DATA, export_to="*")
+    g = k8s.grant((src, "hub"), namespaces=[a])
+    uid = k8s.get_grant(g)["metadata"]["uid"]
+    decoy = {"x": "CANARY-decoy"}
+    k8s.source(
+        bystander,
+        "hub",
+        decoy,
+        exported=False,
+        labels={"projector.nebari.dev/managed-by": "projector", "projector.nebari.dev/grant": g},
+    )
+    k8s.patch_secret(
+        bystander,
+        "hub",
+        {
+            "metadata": {
+                "annotations": {
+                    "projector.nebari.dev/grant-uid": uid,
+                    "projector.nebari.dev/on-revoke": "Retain",
+                }
+            }
+        },
+    )
+    k8s.patch_secret(src, "hub", {"data": {"token": "CANARY-token-3"}})
+    eventually(lambda: (k8s.copy_data(a, "hub") or {}).get("token") == "CANARY-token-3")
+    assert k8s.copy_data(bystander, "hub") == decoy
+
+
+def test_two_grants_on_one_target_older_wins(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess
+) -> None:
+    s1, s2, a = make_namespace(), make_namespace(), make_namespace()
+    k8s.source(s1, "one", {"v": "CANARY-one"}, export_to="*")
+    k8s.source(s2, "two", {"v": "CANARY-two"}, export_to="*")
+    older = k8s.grant((s1, "one"), namespaces=[a], target_name="shared")
+    eventually(lambda: k8s.copy_data(a, "shared") == {"v": "CANARY-one"})
+    younger = k8s.grant((s2, "two"), namespaces=[a], target_name="shared")
+    assert eventually(lambda: failures(k8s, younger).get(a)) == "GrantConflict"
+    assert k8s.copy_data(a, "shared") == {"v": "CANARY-one"}
+    ready(k8s, older)
+    k8s.delete_grant(older)  # the younger takes over once the older is gone
+    eventually(lambda: k8s.copy_data(a, "shared") == {"v": "CANARY-two"})
+
+
+def test_source_type_change_replaces_the_copy(
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    controller: ControllerProcess,
+    core_v1: client.CoreV1Api,
+) -> None:
+    src, a = make_namespace(), make_namespace()
+    k8s.source(src, "tls", TLS, export_to="*")
+    k8s.grant((src, "tls"), namespaces=[a])
+    first = eventually(lambda: k8s.copy(a, "tls"))
+    core_v1.delete_namespaced_secret("tls", src)
+    k8s.source(src, "tls", TLS, export_to="*", type_="kubernetes.io/tls")
+    copy = eventually(
+        lambda: (c := k8s.copy(a, "tls")) is not None and c.type == "kubernetes.io/tls" and c
+    )
+    assert copy.metadata.uid != first.metadata.uid
+    assert controller.metric("projector_writes_total", action="Replace", result="ok") == 1
+
+
+def test_immutable_source_gives_mutable_copies(
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    controller: ControllerProcess,
+    core_v1: client.CoreV1Api,
+) -> None:
+    src, a = make_namespace(), make_namespace()
+    k8s.source(src, "hub", DATA, export_to="*", immutable=True)
+    k8s.grant((src, "hub"), namespaces=[a])
+    copy = eventually(lambda: k8s.copy(a, "hub"))
+    assert not copy.immutable
+    core_v1.delete_namespaced_secret("hub", src)
+    v2 = {**DATA, "token": "CANARY-token-v2"}
+    k8s.source(src, "hub", v2, export_to="*", immutable=True)
+    eventually(lambda: k8s.copy_data(a, "hub") == v2)
+
+
+def test_terminating_namespace_is_skipped_quietly(
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    controller: ControllerProcess,
+    core_v1: client.CoreV1Api,
+) -> None:
+    src, a, b = make_namespace(), make_namespace(), make_namespace()
+    # A finalizer on an object keeps the namespace Terminating for the length of the test.
+    core_v1.create_namespaced_config_map(
+        a,
+        client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(name="hold", finalizers=["tests.projector.invalid/hold"])
+        ),
+    )
+    k8s.source(src, "hub", DATA, export_to="*")
+    try:
+        core_v1.delete_namespace(a)
+        eventually(lambda: core_v1.read_namespace(a).status.phase == "Terminating")
+        g = k8s.grant((src, "hub"), namespaces=[a, b])
+        eventually(lambda: k8s.copy_data(b, "hub") == DATA)
+        eventually(lambda: ready(k8s, g))
+        assert k8s.copy(a, "hub") is None
+        assert controller.metric("projector_writes_total", result="error") == 0
+    finally:
+        core_v1.patch_namespaced_config_map("hold", a, {"metadata": {"finalizers": None}})
+
+
+@pytest.mark.parametrize("policy", ["Delete", "Retain"])
+def test_copy_orphaned_while_controller_down(
+    k8s: Cluster, make_namespace: NamespaceFactory, start_controller: Any, policy: str
+) -> None:
+    src, a = make_namespace(), make_namespace()
+    k8s.source(src, "hub", DATA, export_to="*")
+    first = start_controller()
+    g = k8s.grant((src, "hub"), namespaces=[a], on_revoke=policy)
+    eventually(lambda: k8s.copy_data(a, "hub") == DATA)
+    assert first.stop() == 0
+    k8s.delete_grant(g)
+    second = start_controller("--debounce=0")
+    if policy == "Delete":
+        eventually(lambda: k8s.copy(a, "hub") is None)
+    else:
+        eventually(second.settled)
+        assert k8s.copy_data(a, "hub") == DATA
+
+
+def test_restart_with_everything_up_to_date_writes_nothing(
+    k8s: Cluster, make_namespace: NamespaceFactory, start_controller: Any
+) -> None:
+    src = make_namespace()
+    targets = [make_namespace() for _ in range(3)]
+    k8s.source(src, "hub", DATA, export_to="*")
+    first = start_controller()
+    g = k8s.grant((src, "hub"), namespaces=targets)
+    conflicted = make_namespace()
+    k8s.source(conflicted, "hub", {"x": "CANARY-x"}, exported=False)
+    k8s.patch_grant(g, {"spec": {"target": {"namespaces": [*targets, conflicted]}}})
+    eventually(lambda: failures(k8s, g).get(conflicted) == "Conflict")
+    eventually(lambda: all(k8s.copy_data(ns, "hub") == DATA for ns in targets))
+    versions = {ns: k8s.copy(ns, "hub").metadata.resource_version for ns in targets}
+    grant_rv = k8s.get_grant(g)["metadata"]["resourceVersion"]
+    assert first.stop() == 0
+    second = start_controller("--debounce=0")
+    eventually(second.settled)
+    assert second.writes() == 0
+    assert {ns: k8s.copy(ns, "hub").metadata.resource_version for ns in targets} == versions
+    assert k8s.get_grant(g)["metadata"]["resourceVersion"] == grant_rv
