@@ -88,7 +88,8 @@ class WorkQueue(Generic[K]):
         debounce_max: Longest a key may be pushed back by repeated adds, from its first add.
         backoff_base: First delay of :meth:`add_rate_limited`; it doubles on each failure.
         backoff_max: Cap of the rate-limited delay.
-        clock: Time source for deadlines. None uses the running loop's ``time()``.
+        clock: Time source for deadlines. None uses the running loop's ``time()``, so delayed
+            adds then need a running loop.
         on_event: Metrics hook, called synchronously with a name from :data:`EVENTS` and the key.
     """
 
@@ -258,8 +259,9 @@ class WorkQueue(Generic[K]):
             raise ValueError(f"done() for a key that is not processing: {key!r}") from None
         if key in self._dirty:
             self._queue.append(key)
-            self._wake_getter()
-        if not self._processing and self._drainers:
+            if self._getters:
+                self._wake_getter()
+        if self._drainers and not self._processing:
             for drainer in self._drainers:
                 if not drainer.done():
                     drainer.set_result(None)
@@ -373,15 +375,22 @@ class WorkQueue(Generic[K]):
             self._on_event(event, key)
 
     def _release(self, key: K) -> None:
-        """Make a key that is not dirty dirty now, cancelling any delay it had."""
-        self._emit("added" if self._pending.pop(key, None) is None else "coalesced", key)
-        self._make_dirty(key)
+        """Make a key that is not dirty dirty now, cancelling any delay it had (the hot path)."""
+        pending = self._pending.pop(key, None) if self._pending else None
+        if self._on_event is not None:
+            self._on_event("added" if pending is None else "coalesced", key)
+        self._dirty.add(key)
+        if key not in self._processing:
+            self._queue.append(key)
+            if self._getters:
+                self._wake_getter()
 
     def _make_dirty(self, key: K) -> None:
         self._dirty.add(key)
         if key not in self._processing:
             self._queue.append(key)
-            self._wake_getter()
+            if self._getters:
+                self._wake_getter()
 
     def _wake_getter(self) -> None:
         getters = self._getters

@@ -1,0 +1,638 @@
+"""Work queue: client-go semantics, debounce, backoff; on a fake clock, never sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections import Counter
+from collections.abc import Coroutine
+from typing import Any, cast
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+)
+
+from projector.queue import QueueShutDown, WorkQueue
+
+
+class FakeClock:
+    def __init__(self, start: float = 0.0) -> None:
+        self.t = start
+
+    def now(self) -> float:
+        return self.t
+
+
+def make(**kwargs: float) -> tuple[WorkQueue[str], FakeClock, list[tuple[str, str]]]:
+    clock = FakeClock()
+    events: list[tuple[str, str]] = []
+    queue = WorkQueue[str](clock=clock, on_event=lambda e, k: events.append((e, k)), **kwargs)
+    return queue, clock, events
+
+
+def advance(queue: WorkQueue[str], clock: FakeClock, seconds: float) -> None:
+    clock.t += seconds
+    queue.poll()
+
+
+async def get_all(queue: WorkQueue[str]) -> list[str]:
+    """Take every ready key (marking each done), in order."""
+    keys: list[str] = []
+    while len(queue):
+        assert len(keys) < 1000, "the queue never empties"
+        key = await queue.get()
+        queue.done(key)
+        keys.append(key)
+    return keys
+
+
+# -- client-go semantics --------------------------------------------------------------------------
+
+
+async def test_adds_of_one_key_collapse_into_one_ready_entry() -> None:
+    queue, _, events = make()
+    for _ in range(3):
+        queue.add("a")
+        queue.add_now("a")
+        queue.add_after("a", 5)
+    assert len(queue) == 1
+    assert queue.waiting() == 0
+    assert await get_all(queue) == ["a"]
+    assert Counter(e for e, _ in events) == {"added": 1, "coalesced": 8}
+
+
+async def test_ready_keys_come_out_fifo() -> None:
+    queue, _, _ = make()
+    for key in ["c", "a", "b", "a", "c"]:
+        queue.add(key)
+    assert await get_all(queue) == ["c", "a", "b"]
+
+
+async def test_re_add_during_processing_runs_again_after_done() -> None:
+    queue, _, _ = make()
+    queue.add("a")
+    assert await queue.get() == "a"
+    queue.add("a")
+    queue.add("a")
+    assert len(queue) == 0, "never ready while processing"
+    assert queue.processing == {"a"}
+    queue.done("a")
+    assert len(queue) == 1
+    assert await queue.get() == "a"
+    queue.done("a")
+    assert len(queue) == 0
+    assert queue.processing == frozenset()
+
+
+async def test_delayed_re_add_during_processing_keeps_its_delay_after_done() -> None:
+    queue, clock, _ = make(debounce=1.0)
+    queue.add_now("a")
+    assert await queue.get() == "a"
+    queue.add("a")  # debounced: due at t=1
+    queue.done("a")
+    assert len(queue) == 0
+    assert queue.waiting() == 1
+    advance(queue, clock, 1.0)
+    assert await get_all(queue) == ["a"]
+
+
+async def test_key_due_while_processing_is_ready_on_done() -> None:
+    queue, clock, _ = make()
+    queue.add("a")
+    assert await queue.get() == "a"
+    queue.add_after("a", 1.0)
+    advance(queue, clock, 2.0)
+    assert len(queue) == 0
+    assert queue.waiting() == 0
+    queue.done("a")
+    assert await get_all(queue) == ["a"]
+
+
+@pytest.mark.parametrize("twice", [False, True], ids=["never-got", "done-twice"])
+async def test_done_of_a_key_not_processing_raises(twice: bool) -> None:
+    queue, _, _ = make()
+    if twice:
+        queue.add("a")
+        queue.done(await queue.get())
+    with pytest.raises(ValueError, match="not processing"):
+        queue.done("a")
+
+
+async def test_concurrent_workers_never_share_a_key_and_miss_no_add() -> None:
+    queue = WorkQueue[str]()
+    rng = random.Random(1234)
+    keys = [f"k{i}" for i in range(6)]
+    active: set[str] = set()
+    tick = 0
+    last_add: dict[str, int] = {}
+    last_start: dict[str, int] = {}
+    runs: Counter[str] = Counter()
+
+    async def worker() -> None:
+        nonlocal tick
+        while True:
+            try:
+                key = await queue.get()
+            except QueueShutDown:
+                return
+            assert key not in active, f"{key} handed to two workers"
+            active.add(key)
+            tick += 1
+            last_start[key] = tick
+            for _ in range(rng.randrange(1, 4)):
+                await asyncio.sleep(0)  # yield, so the producer adds while this key runs
+            active.remove(key)
+            runs[key] += 1
+            queue.done(key)
+
+    async with asyncio.timeout(5), asyncio.TaskGroup() as tasks:
+        for _ in range(4):
+            tasks.create_task(worker())
+        for _ in range(500):
+            key = rng.choice(keys)
+            tick += 1
+            last_add[key] = tick
+            queue.add(key)
+            if rng.random() < 0.5:
+                await asyncio.sleep(0)
+        queue.shut_down()  # workers still take what is ready or dirty, then stop
+
+    assert not active
+    assert all(last_start[key] > last_add[key] for key in last_add), "an add was lost"
+    assert 6 <= sum(runs.values()) < 500, "adds are coalesced"
+
+
+# -- delays and backoff ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "due"),
+    [
+        pytest.param(10.0, 5.0, 5.0, id="later-then-earlier-moves-earlier"),
+        pytest.param(5.0, 10.0, 5.0, id="earlier-then-later-keeps-earlier"),
+    ],
+)
+async def test_add_after_only_moves_earlier(first: float, second: float, due: float) -> None:
+    queue, clock, _ = make()
+    queue.add_after("a", first)
+    queue.add_after("a", second)
+    assert queue.waiting() == 1
+    advance(queue, clock, due - 1)
+    assert len(queue) == 0
+    advance(queue, clock, 1)
+    assert queue.waiting() == 0
+    assert await get_all(queue) == ["a"]
+
+
+async def test_add_now_and_non_positive_delay_bypass_a_pending_delay() -> None:
+    queue, _, _ = make(debounce=1.0)
+    queue.add("a")
+    queue.add_after("b", 3.0)
+    queue.add_now("a")
+    queue.add_after("b", 0)
+    assert queue.waiting() == 0
+    assert await get_all(queue) == ["a", "b"]
+
+
+async def test_keys_due_together_are_released_by_deadline() -> None:
+    queue, clock, _ = make()
+    queue.add_after("late", 3.0)
+    queue.add_after("early", 1.0)
+    queue.add_after("middle", 2.0)
+    advance(queue, clock, 5.0)
+    assert await get_all(queue) == ["early", "middle", "late"]
+
+
+async def test_backoff_doubles_per_failure_up_to_the_cap_and_forget_resets_it() -> None:
+    queue, clock, events = make(backoff_base=1.0, backoff_max=8.0)
+    delays = []
+    for _ in range(6):
+        queue.add_rate_limited("a")
+        start = clock.t
+        while not len(queue):
+            advance(queue, clock, 1)
+        delays.append(clock.t - start)
+        await get_all(queue)
+    assert delays == [1, 2, 4, 8, 8, 8]
+    assert queue.num_requeues("a") == 6
+    assert [e for e, _ in events].count("retried") == 6
+    queue.forget("a")
+    assert queue.num_requeues("a") == 0
+    queue.add_rate_limited("a")
+    advance(queue, clock, 1)
+    assert len(queue) == 1
+
+
+def test_backoff_does_not_overflow() -> None:
+    queue = WorkQueue[str](backoff_base=1.0, backoff_max=300.0)
+    assert [queue.backoff(n) for n in (0, 1, 8, 9, 10_000)] == [1.0, 2.0, 256.0, 300.0, 300.0]
+
+
+# -- debounce -------------------------------------------------------------------------------------
+
+
+async def test_debounce_zero_makes_add_immediate() -> None:
+    queue, _, _ = make()
+    queue.add("a")
+    assert len(queue) == 1
+    assert queue.waiting() == 0
+
+
+async def test_debounce_collapses_a_burst_into_one_get() -> None:
+    queue, clock, _ = make(debounce=100, debounce_max=1000)
+    for _ in range(50):
+        queue.add("a")
+        queue.add("b")
+        advance(queue, clock, 1)
+    assert len(queue) == 0
+    assert queue.waiting() == 2
+    advance(queue, clock, 99)
+    assert await get_all(queue) == ["a", "b"]
+    assert queue.waiting() == 0
+
+
+async def test_debounce_window_trails_the_last_add() -> None:
+    queue, clock, _ = make(debounce=10, debounce_max=100)
+    queue.add("a")  # t=0: due at 10
+    advance(queue, clock, 8)
+    queue.add("a")  # t=8: pushed back to 18
+    advance(queue, clock, 9)  # t=17
+    assert len(queue) == 0
+    advance(queue, clock, 1)  # t=18
+    assert await get_all(queue) == ["a"]
+
+
+async def test_debounce_is_capped_by_debounce_max_then_restarts() -> None:
+    queue, clock, _ = make(debounce=10, debounce_max=50)
+    released_at = []
+    for _ in range(60):  # an add every 5 s: the trailing 10 s window never closes
+        queue.add("a")
+        for _ in range(5):
+            advance(queue, clock, 1)
+            if len(queue):
+                released_at.append(clock.t)
+                await get_all(queue)
+    # First add at 0, released at 50; the next add (at 50) opens a fresh window ending at 100.
+    assert released_at == [50, 100, 150, 200, 250, 300]
+
+
+async def test_debounce_never_pushes_past_an_add_after() -> None:
+    queue, clock, _ = make(debounce=10, debounce_max=100)
+    queue.add_after("a", 5)
+    queue.add("a")
+    advance(queue, clock, 4)
+    assert len(queue) == 0
+    advance(queue, clock, 1)
+    assert await get_all(queue) == ["a"]
+
+
+async def test_a_later_add_after_still_caps_future_debounce() -> None:
+    queue, clock, _ = make(debounce=10, debounce_max=100)
+    queue.add("a")  # due at 10
+    queue.add_after("a", 15)  # later: the deadline stays 10, but 15 becomes a promise
+    advance(queue, clock, 9)
+    queue.add("a")  # would push back to 19
+    advance(queue, clock, 5)  # t=14
+    assert len(queue) == 0
+    advance(queue, clock, 1)  # t=15
+    assert await get_all(queue) == ["a"]
+
+
+async def test_debounced_add_can_move_a_later_delay_earlier() -> None:
+    queue, clock, _ = make(debounce=1, debounce_max=10)
+    queue.add_after("a", 60)
+    queue.add("a")
+    advance(queue, clock, 1)
+    assert await get_all(queue) == ["a"]
+
+
+async def test_pushing_back_and_cancelling_delays_keep_the_heap_small() -> None:
+    queue, clock, _ = make(debounce=10, debounce_max=1000)
+    for _ in range(100):
+        queue.add("pushed")
+        clock.t += 1
+    assert len(queue._heap) == 1
+    for _ in range(1_000):
+        queue.add("cancelled")
+        queue.add_now("cancelled")
+        await get_all(queue)
+    assert len(queue._heap) <= 2 * queue.waiting() + 65
+    advance(queue, clock, 10)
+    assert await get_all(queue) == ["pushed"]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"debounce": -1.0},
+        {"debounce": 2.0, "debounce_max": 1.0},
+        {"backoff_base": -1.0},
+    ],
+)
+def test_invalid_settings_are_rejected(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        WorkQueue[str](**kwargs)
+
+
+# -- waiting getters, timers, shutdown, drain -----------------------------------------------------
+
+
+async def test_a_waiting_getter_gets_a_key_released_by_poll() -> None:
+    queue, clock, _ = make(debounce=1.0)
+    getter = asyncio.create_task(queue.get())
+    await asyncio.sleep(0)
+    queue.add("a")
+    await asyncio.sleep(0)
+    assert not getter.done()
+    advance(queue, clock, 1.0)
+    assert await asyncio.wait_for(getter, 1) == "a"
+
+
+async def test_the_loop_timer_releases_due_keys() -> None:
+    queue = WorkQueue[str](debounce=0.001, debounce_max=0.002)  # the running loop's clock
+    queue.add("a")
+    queue.add_after("b", 0.002)
+    assert await asyncio.wait_for(queue.get(), 5) == "a"
+    assert await asyncio.wait_for(queue.get(), 5) == "b"
+
+
+async def test_a_cancelled_getter_passes_its_wakeup_on() -> None:
+    queue, _, _ = make()
+    first = asyncio.create_task(queue.get())
+    second = asyncio.create_task(queue.get())
+    await asyncio.sleep(0)
+    queue.add("a")  # wakes `first`...
+    first.cancel()  # ...which is cancelled before it can take the key
+    assert await asyncio.wait_for(second, 1) == "a"
+    with pytest.raises(asyncio.CancelledError):
+        await first
+
+
+async def test_shut_down_wakes_getters_and_drops_adds() -> None:
+    queue, _, events = make(debounce=1.0)
+    getters = [asyncio.create_task(queue.get()) for _ in range(3)]
+    await asyncio.sleep(0)
+    queue.add("waiting")
+    queue.shut_down()
+    for getter in getters:
+        with pytest.raises(QueueShutDown):
+            await asyncio.wait_for(getter, 1)
+    assert queue.waiting() == 0
+    queue.add("a")
+    queue.add_now("a")
+    queue.add_after("a", 1.0)
+    queue.add_rate_limited("a")
+    assert (len(queue), queue.waiting(), queue.num_requeues("a")) == (0, 0, 0)
+    assert [e for e, _ in events].count("dropped") == 4
+    with pytest.raises(QueueShutDown):
+        await queue.get()
+
+
+async def test_shut_down_still_hands_out_ready_and_re_added_keys() -> None:
+    queue, _, _ = make()
+    queue.add("a")
+    queue.add("b")
+    assert await queue.get() == "a"
+    queue.add("a")  # dirty while processing
+    queue.shut_down()
+    assert await queue.get() == "b"
+    queue.done("b")
+    queue.done("a")  # re-queued, as in client-go
+    assert await queue.get() == "a"
+    queue.done("a")
+    with pytest.raises(QueueShutDown):
+        await queue.get()
+
+
+async def test_drain_waits_until_nothing_is_processing() -> None:
+    queue, _, _ = make()
+    await asyncio.wait_for(queue.drain(), 1)  # idle: returns at once
+    queue.add("a")
+    queue.add("b")
+    a, b = await queue.get(), await queue.get()
+    drain = asyncio.create_task(queue.drain())
+    await asyncio.sleep(0)
+    queue.done(a)
+    await asyncio.sleep(0)
+    assert not drain.done()
+    queue.done(b)
+    await asyncio.wait_for(drain, 1)
+
+
+# -- stateful property test against a model -------------------------------------------------------
+
+KEYS = st.sampled_from(["a", "b", "c", "d"])
+# Integral times and delays keep the model's float arithmetic, and so deadline ties, exact.
+DEBOUNCE, DEBOUNCE_MAX, BACKOFF_BASE, BACKOFF_MAX = 3.0, 8.0, 1.0, 4.0
+
+
+def run_now(coro: Coroutine[Any, Any, str]) -> str:
+    """Run a coroutine that must finish without suspending, with no event loop at all.
+
+    The model knows when ``get()`` has a key ready; if the queue disagrees, ``get()`` reaches
+    for the running loop and this fails at once instead of hanging.
+    """
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return cast(str, stop.value)
+    coro.close()
+    raise AssertionError("get() suspended")
+
+
+@settings(max_examples=80, stateful_step_count=30, deadline=None)
+class QueueMachine(RuleBasedStateMachine):
+    """Drive the queue and a plain model side by side.
+
+    Model per key: *dirty* (in ``ready`` unless processing) or *pending* ``[deadline, first,
+    hard, seq]`` (the module docstring's rules; keys due together come out by (deadline, seq)).
+    ``owed`` holds keys added since they were last handed out: all must come out once time
+    moves far enough.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.queue = WorkQueue[str](
+            debounce=DEBOUNCE,
+            debounce_max=DEBOUNCE_MAX,
+            backoff_base=BACKOFF_BASE,
+            backoff_max=BACKOFF_MAX,
+            clock=self.clock,
+        )
+        self.ready: list[str] = []
+        self.dirty: set[str] = set()
+        self.processing: set[str] = set()
+        self.pending: dict[str, list[float]] = {}
+        self.failures: Counter[str] = Counter()
+        self.seq = 0
+        self.owed: set[str] = set()
+        self.shut = False
+
+    def teardown(self) -> None:
+        if not self.shut:
+            self.settle()
+
+    # model transitions, each also applied to the queue
+
+    def _next_seq(self) -> float:
+        self.seq += 1
+        return float(self.seq)
+
+    def _make_dirty(self, key: str) -> None:
+        self.pending.pop(key, None)
+        self.dirty.add(key)
+        if key not in self.processing:
+            self.ready.append(key)
+
+    def _accepts(self, key: str) -> bool:
+        if self.shut:
+            return False
+        self.owed.add(key)
+        return key not in self.dirty
+
+    def _add_after(self, key: str, delay: float) -> None:
+        if not self._accepts(key):
+            return
+        if delay <= 0:
+            self._make_dirty(key)
+            return
+        target = self.clock.t + delay
+        p = self.pending.get(key)
+        if p is None:
+            self.pending[key] = [target, math.nan, target, self._next_seq()]
+            return
+        p[2] = min(p[2], target)
+        if target < p[0]:
+            p[0], p[3] = target, self._next_seq()
+
+    def _get(self) -> str:
+        key = run_now(self.queue.get())
+        assert key == self.ready.pop(0)
+        self.dirty.discard(key)
+        self.processing.add(key)
+        self.owed.discard(key)
+        return key
+
+    def _done(self, key: str) -> None:
+        self.queue.done(key)
+        self.processing.remove(key)
+        if key in self.dirty:
+            self.ready.append(key)
+
+    # rules
+
+    @rule(key=KEYS)
+    def add(self, key: str) -> None:
+        self.queue.add(key)
+        if not self._accepts(key):
+            return
+        now = self.clock.t
+        p = self.pending.get(key)
+        if p is None:
+            self.pending[key] = [now + DEBOUNCE, now, math.inf, self._next_seq()]
+            return
+        if math.isnan(p[1]):
+            p[1] = now
+        target = min(now + DEBOUNCE, p[1] + DEBOUNCE_MAX, p[2])
+        if target < p[0]:
+            p[3] = self._next_seq()
+        p[0] = target
+
+    @rule(key=KEYS)
+    def add_now(self, key: str) -> None:
+        self.queue.add_now(key)
+        if self._accepts(key):
+            self._make_dirty(key)
+
+    @rule(key=KEYS, delay=st.integers(min_value=-1, max_value=8))
+    def add_after(self, key: str, delay: int) -> None:
+        self.queue.add_after(key, delay)
+        self._add_after(key, delay)
+
+    @rule(key=KEYS)
+    def add_rate_limited(self, key: str) -> None:
+        self.queue.add_rate_limited(key)
+        if not self.shut:
+            delay = min(BACKOFF_BASE * 2 ** self.failures[key], BACKOFF_MAX)
+            self.failures[key] += 1
+            self._add_after(key, delay)
+
+    @rule(key=KEYS)
+    def forget(self, key: str) -> None:
+        self.queue.forget(key)
+        self.failures.pop(key, None)
+
+    @precondition(lambda self: self.ready or self.shut)
+    @rule()
+    def get(self) -> None:
+        if self.ready:
+            self._get()
+        else:
+            with pytest.raises(QueueShutDown):
+                run_now(self.queue.get())
+
+    @precondition(lambda self: self.processing)
+    @rule(data=st.data())
+    def done(self, data: st.DataObject) -> None:
+        self._done(data.draw(st.sampled_from(sorted(self.processing))))
+
+    @rule(key=KEYS)
+    def done_unknown(self, key: str) -> None:
+        if key not in self.processing:
+            with pytest.raises(ValueError):
+                self.queue.done(key)
+
+    @rule(seconds=st.integers(min_value=0, max_value=6))
+    def advance(self, seconds: float) -> None:
+        self.clock.t += seconds
+        self.queue.poll()
+        due = sorted((p[0], p[3], k) for k, p in self.pending.items() if p[0] <= self.clock.t)
+        for _, _, key in due:
+            self._make_dirty(key)
+
+    @precondition(lambda self: not self.shut)
+    @rule()
+    def shut_down(self) -> None:
+        self.queue.shut_down()
+        self.shut = True
+        self.pending.clear()
+        self.owed &= self.dirty
+
+    @precondition(lambda self: not self.shut)
+    @rule()
+    def settle(self) -> None:
+        """Finish all work and let time pass: everything owed comes out, then all is idle."""
+        for key in sorted(self.processing):
+            self._done(key)
+        self.advance(max(DEBOUNCE_MAX, BACKOFF_MAX, 8))
+        while self.ready:
+            self._done(self._get())
+        assert not self.owed
+        assert (len(self.queue), self.queue.waiting(), self.queue.processing) == (0, 0, frozenset())
+
+    # invariants
+
+    @invariant()
+    def matches_model(self) -> None:
+        assert len(self.queue) == len(self.ready)
+        assert self.queue.waiting() == len(self.pending)
+        assert self.queue.processing == self.processing
+        assert all(self.queue.num_requeues(k) == self.failures[k] for k in "abcd")
+
+    @invariant()
+    def ready_keys_are_fifo_unique_and_not_processing(self) -> None:
+        ready = list(self.queue._queue)
+        assert ready == self.ready
+        assert len(set(ready)) == len(ready)
+        assert self.queue.processing.isdisjoint(ready)
+
+
+TestQueueModel = QueueMachine.TestCase
