@@ -1,0 +1,269 @@
+"""Fixtures and hooks shared by every test.
+
+The control plane is a session fixture, so it starts only if a collected test asks for it (all
+integration tests do, through ``admin_client`` or ``namespace``); ``pytest tests/unit`` needs no
+server. It runs in pytest's tmp dir, never in ``.local/``, so it cannot collide with a developer's
+``make cluster-up``.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from tests.controlplane.plane import ControlPlane, ensure_binaries
+from tests.support import (
+    NamespaceFactory,
+    ServiceAccountKubeconfigFactory,
+    api_client,
+    docker_unavailable_reason,
+    eventually,
+    request_token,
+    unique_name,
+    write_token_kubeconfig,
+)
+
+TESTS_DIR = Path(__file__).resolve().parent
+CATEGORIES = ("unit", "integration", "kind")
+PEAK_RSS = pytest.StashKey[dict[str, int]]()
+
+
+# --- markers ------------------------------------------------------------------------------------
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test by its directory (tests/unit -> unit, ...), so `-m` selects by cost."""
+    for item in items:
+        try:
+            top = item.path.resolve().relative_to(TESTS_DIR).parts[0]
+        except ValueError:
+            continue
+        if top in CATEGORIES:
+            item.add_marker(getattr(pytest.mark, top))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip kind tests, saying why, where no Docker engine runs."""
+    if item.get_closest_marker("kind") is not None:
+        reason = docker_unavailable_reason()
+        if reason is not None:
+            pytest.skip(reason)
+
+
+def _category(report: pytest.TestReport) -> str:
+    for category in reversed(CATEGORIES):  # a kind test may also be an integration test
+        if category in report.keywords:
+            return category
+    return "other"
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> None:
+    """Counts per category and every skip with its reason, so skipped work is never silent."""
+    counts: dict[str, Counter[str]] = {c: Counter() for c in (*CATEGORIES, "other")}
+    skips: list[tuple[str, str]] = []
+    for outcome in ("passed", "failed", "error", "skipped", "xfailed", "xpassed"):
+        for report in terminalreporter.stats.get(outcome, []):
+            if not isinstance(report, pytest.TestReport):
+                continue
+            if outcome == "passed" and report.when != "call":
+                continue
+            counts[_category(report)]["failed" if outcome == "error" else outcome] += 1
+            if outcome == "skipped":
+                longrepr = report.longrepr
+                reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+                skips.append((report.nodeid, reason.removeprefix("Skipped: ")))
+    terminalreporter.write_sep("-", "projector test summary")
+    for category, counter in counts.items():
+        if category == "other" and not counter:
+            continue
+        line = (
+            f"{category:<12} {counter['passed']:>4} passed {counter['failed']:>4} failed "
+            f"{counter['skipped']:>4} skipped"
+        )
+        extra = [f"{counter[o]} {o}" for o in ("xfailed", "xpassed") if counter[o]]
+        terminalreporter.write_line(", ".join([line, *extra]))
+    for nodeid, reason in skips:
+        terminalreporter.write_line(f"SKIPPED {nodeid}: {reason}")
+    peaks = config.stash.get(PEAK_RSS, None)
+    if peaks:
+        parts = [f"{name} {kib / 1024:.0f} MiB" for name, kib in peaks.items()]
+        total = sum(peaks.values()) / 1024
+        terminalreporter.write_line(
+            f"control plane peak RSS (VmHWM): {', '.join(parts)}; total {total:.0f} MiB"
+        )
+
+
+# --- the control plane and clients --------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def control_plane(
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[ControlPlane]:
+    """A fresh etcd + kube-apiserver + kube-controller-manager for this session."""
+    plane = ControlPlane(
+        tmp_path_factory.mktemp("control-plane"), ensure_binaries(), die_with_parent=True
+    )
+    plane.start()
+    try:
+        yield plane
+    finally:
+        pytestconfig.stash[PEAK_RSS] = plane.peak_rss_kib()
+        plane.stop()
+        shutil.rmtree(plane.root / "etcd-data", ignore_errors=True)  # keep logs, drop the WAL
+
+
+@pytest.fixture(scope="session")
+def admin_client(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
+    """The official client as system:masters: tests arrange and assert with a different client
+    from the code under test, so a bug in our transport cannot hide itself."""
+    api = api_client(control_plane.kubeconfig)
+    yield api
+    api.close()
+
+
+@pytest.fixture(scope="session")
+def core_v1(admin_client: client.ApiClient) -> client.CoreV1Api:
+    """Admin CoreV1Api."""
+    return client.CoreV1Api(admin_client)
+
+
+@pytest.fixture(scope="session")
+def custom_objects(admin_client: client.ApiClient) -> client.CustomObjectsApi:
+    """Admin CustomObjectsApi (ProjectionGrants and test CRDs)."""
+    return client.CustomObjectsApi(admin_client)
+
+
+@pytest.fixture(scope="session")
+def rbac_v1(admin_client: client.ApiClient) -> client.RbacAuthorizationV1Api:
+    """Admin RbacAuthorizationV1Api."""
+    return client.RbacAuthorizationV1Api(admin_client)
+
+
+# --- per-test objects ---------------------------------------------------------------------------
+
+
+def _delete_ignoring_404(delete: Callable[[], object]) -> None:
+    try:
+        delete()
+    except client.ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+@pytest.fixture
+def make_namespace(
+    core_v1: client.CoreV1Api, request: pytest.FixtureRequest
+) -> Iterator[NamespaceFactory]:
+    """Create namespaces named after the test; delete them afterwards (without waiting)."""
+    created: list[str] = []
+
+    def make(name: str | None = None, labels: Mapping[str, str] | None = None) -> str:
+        name = name or unique_name(request.node.name)
+        meta = client.V1ObjectMeta(name=name, labels=dict(labels) if labels else None)
+        core_v1.create_namespace(client.V1Namespace(metadata=meta))
+        created.append(name)
+        return name
+
+    yield make
+    for name in created:
+        _delete_ignoring_404(functools.partial(core_v1.delete_namespace, name))
+
+
+@pytest.fixture
+def namespace(make_namespace: NamespaceFactory) -> str:
+    """A unique namespace for this test."""
+    return make_namespace()
+
+
+@pytest.fixture
+def service_account_kubeconfig(
+    control_plane: ControlPlane,
+    core_v1: client.CoreV1Api,
+    rbac_v1: client.RbacAuthorizationV1Api,
+    admin_client: client.ApiClient,
+    tmp_path: Path,
+) -> Iterator[ServiceAccountKubeconfigFactory]:
+    """Kubeconfigs for ServiceAccounts bound to a named ClusterRole, via TokenRequest.
+
+    The controller under test runs with exactly the shipped RBAC: a missing permission fails the
+    test instead of hiding behind admin credentials.
+    """
+    bindings: list[str] = []
+    auth_v1 = client.AuthorizationV1Api(admin_client)
+
+    def make(cluster_role: str, namespace: str) -> Path:
+        name = unique_name(cluster_role)
+        core_v1.create_namespaced_service_account(
+            namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=name))
+        )
+        binding = unique_name(f"tests-{namespace}-{name}")
+        rbac_v1.create_cluster_role_binding(
+            client.V1ClusterRoleBinding(
+                metadata=client.V1ObjectMeta(name=binding),
+                role_ref=client.V1RoleRef(
+                    api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=cluster_role
+                ),
+                subjects=[
+                    client.RbacV1Subject(kind="ServiceAccount", name=name, namespace=namespace)
+                ],
+            )
+        )
+        bindings.append(binding)
+        user = f"system:serviceaccount:{namespace}:{name}"
+        _wait_until_bound(rbac_v1, auth_v1, cluster_role, user, namespace)
+        token = request_token(core_v1, name, namespace)
+        return write_token_kubeconfig(
+            tmp_path / f"{name}.kubeconfig", control_plane, token, user=user, namespace=namespace
+        )
+
+    yield make
+    for binding in bindings:
+        _delete_ignoring_404(functools.partial(rbac_v1.delete_cluster_role_binding, binding))
+
+
+def _wait_until_bound(
+    rbac_v1: client.RbacAuthorizationV1Api,
+    auth_v1: client.AuthorizationV1Api,
+    cluster_role: str,
+    user: str,
+    namespace: str,
+) -> None:
+    """Wait until the RBAC authorizer's cache has the new binding (checked on the role's first
+    rule), so the first request of the code under test is not a spurious 403."""
+    try:
+        rules = rbac_v1.read_cluster_role(cluster_role).rules or []
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return  # the role may be created later by the test; nothing to wait for yet
+        raise
+    rule = next((r for r in rules if r.resources and r.verbs and not r.resource_names), None)
+    if rule is None:
+        return
+    attributes = client.V1ResourceAttributes(
+        group=(rule.api_groups or [""])[0].replace("*", ""),
+        resource=rule.resources[0] if rule.resources else "",
+        verb=rule.verbs[0],
+        namespace=namespace,
+    )
+    review = client.V1SubjectAccessReview(
+        spec=client.V1SubjectAccessReviewSpec(
+            user=user,
+            groups=["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
+            resource_attributes=attributes,
+        )
+    )
+
+    def allowed() -> bool:
+        status = auth_v1.create_subject_access_review(review).status
+        return bool(status and status.allowed)
+
+    eventually(allowed, timeout=10.0, message=f"RBAC never allowed {user} via {cluster_role}")

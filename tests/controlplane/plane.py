@@ -1,0 +1,747 @@
+"""A real etcd + kube-apiserver + kube-controller-manager on loopback, started the envtest way.
+
+Integration tests, the demo and benchmarks need a real API server (DESIGN.md section 5); this
+module starts one from the binaries that ``build.sh`` caches, with RBAC on and a ServiceAccount
+signing key so TokenRequest works, and records what it started in its root directory so that a
+different process (``python -m tests.controlplane down``) can stop it.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import datetime as dt
+import fcntl
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[1]
+BUILD_SCRIPT = HERE / "build.sh"
+VERSIONS_FILE = HERE / "versions.env"
+DEFAULT_CRD_DIR = REPO_ROOT / "deploy" / "crds"
+
+ETCD = "etcd"
+APISERVER = "kube-apiserver"
+CONTROLLER_MANAGER = "kube-controller-manager"
+PROCESS_NAMES = (ETCD, APISERVER, CONTROLLER_MANAGER)
+# Only what tests need: namespaces that finish deleting and ownerReference garbage collection.
+KCM_CONTROLLERS = ("namespace-controller", "garbage-collector-controller")
+
+STATE_FILE = "state.json"
+ADMIN_KUBECONFIG = "admin.kubeconfig"
+POLL_INTERVAL = 0.1
+LOG_TAIL_LINES = 40
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not be built, started or reached."""
+
+
+def read_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
+    """Parse versions.env, the single place the control-plane versions are pinned."""
+    versions: dict[str, str] = {}
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            versions[key.strip()] = value.strip().strip("'\"")
+    return versions
+
+
+def cache_dir() -> Path:
+    """Mirror build.sh's cache location so the build lock lives next to the binaries."""
+    if env := os.environ.get("PROJECTOR_CACHE"):
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "projector"
+
+
+def ensure_binaries(script: Path = BUILD_SCRIPT) -> Path:
+    """Run build.sh (a no-op when cached) under a lock and return the binaries directory.
+
+    The lock keeps a ``make cluster-up`` and a pytest session from building into the same
+    ``.tmp`` files at once. build.sh's progress goes to our stderr; its last stdout line is the dir.
+    """
+    lock_path = cache_dir() / "build.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = subprocess.run(
+            ["bash", str(script)], stdout=subprocess.PIPE, text=True, check=False
+        )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise ControlPlaneError(f"{script} failed with exit code {result.returncode}")
+    binaries = Path(lines[-1])
+    missing = [name for name in PROCESS_NAMES if not os.access(binaries / name, os.X_OK)]
+    if missing:
+        raise ControlPlaneError(f"{script} reported {binaries} but {missing} are missing there")
+    return binaries
+
+
+# --- certificates -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """A PEM certificate and its PEM private key."""
+
+    cert_pem: bytes
+    key_pem: bytes
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+class TinyCA:
+    """A throwaway ECDSA P-256 CA, like envtest's tinyca: one per trust domain, never persisted."""
+
+    VALIDITY = dt.timedelta(days=365)
+
+    def __init__(self, common_name: str) -> None:
+        self._key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name(
+            [
+                x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "projector-tests"),
+            ]
+        )
+        now = dt.datetime.now(dt.UTC)
+        self._name = name
+        self.cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(self._key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(hours=1))
+            .not_valid_after(now + self.VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()), critical=False
+            )
+            .sign(self._key, hashes.SHA256())
+        )
+
+    @property
+    def cert_pem(self) -> bytes:
+        """The CA certificate, for trust bundles and --client-ca-file."""
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+    def issue(
+        self,
+        common_name: str,
+        *,
+        organizations: Sequence[str] = (),
+        dns_names: Sequence[str] = (),
+        ip_addresses: Sequence[str] = (),
+        server: bool = False,
+        client: bool = False,
+    ) -> KeyPair:
+        """Issue a leaf certificate; groups for Kubernetes client certs go in ``organizations``."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+        attributes += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
+        usages = []
+        if server:
+            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+        if client:
+            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
+        now = dt.datetime.now(dt.UTC)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name(attributes))
+            .issuer_name(self._name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(hours=1))
+            .not_valid_after(now + self.VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()),
+                critical=False,
+            )
+        )
+        sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
+        sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        cert = builder.sign(self._key, hashes.SHA256())
+        return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def _write(path: Path, data: bytes, *, secret: bool = False) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    if secret:
+        path.chmod(0o600)
+    return path
+
+
+def kubeconfig_dict(
+    server: str,
+    ca_pem: bytes,
+    *,
+    user: str,
+    cert: KeyPair | None = None,
+    token: str | None = None,
+    namespace: str | None = None,
+) -> dict[str, Any]:
+    """A one-cluster, one-user kubeconfig with everything inline, so it can be copied anywhere."""
+    credentials: dict[str, str] = {}
+    if cert is not None:
+        credentials["client-certificate-data"] = base64.b64encode(cert.cert_pem).decode()
+        credentials["client-key-data"] = base64.b64encode(cert.key_pem).decode()
+    if token is not None:
+        credentials["token"] = token
+    context: dict[str, str] = {"cluster": "projector-local", "user": user}
+    if namespace is not None:
+        context["namespace"] = namespace
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "projector-local",
+                "cluster": {
+                    "server": server,
+                    "certificate-authority-data": base64.b64encode(ca_pem).decode(),
+                },
+            }
+        ],
+        "users": [{"name": user, "user": credentials}],
+        "contexts": [{"name": user, "context": context}],
+        "current-context": user,
+    }
+
+
+def write_kubeconfig(path: Path, config: Mapping[str, Any]) -> Path:
+    """Write a kubeconfig readable only by us (it carries credentials)."""
+    return _write(path, yaml.safe_dump(dict(config), sort_keys=False).encode(), secret=True)
+
+
+# --- processes ----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """Ask the kernel for an unused loopback port (a small race remains; start() retries)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
+    """Ask Linux to SIGTERM the child if the test process dies, so no server outlives pytest."""
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _proc_exe_matches(pid: int, exe: str) -> bool:
+    """True if pid is alive, not a zombie, and still runs exe (guards against recycled pids)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[0]
+    return state not in ("Z", "X") and cmdline[0].decode(errors="replace") == exe
+
+
+def peak_rss_kib(pid: int) -> int | None:
+    """VmHWM from /proc, the peak resident set size of a process, in KiB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The end of a log file, for error messages that explain themselves."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return f"(no log at {path})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class Process:
+    """One started binary: its pid, the exe it must still be running, and its log."""
+
+    name: str
+    exe: str
+    pid: int
+    log: Path
+    popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
+
+    def alive(self) -> bool:
+        """Reap our own children first, so a dead child is not mistaken for a live zombie."""
+        if self.popen is not None and self.popen.poll() is not None:
+            return False
+        return _proc_exe_matches(self.pid, self.exe)
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Signal the process only if it is still ours."""
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+
+def stop_processes(processes: Sequence[Process], timeout: float = 15.0) -> None:
+    """SIGTERM in the given order, then SIGKILL whatever is left after the deadline."""
+    for proc in processes:
+        proc.signal(signal.SIGTERM)
+        _wait_gone(proc, timeout)
+    for proc in processes:
+        if proc.alive():
+            proc.signal(signal.SIGKILL)
+            _wait_gone(proc, 5.0)
+    left = [f"{p.name} (pid {p.pid})" for p in processes if p.alive()]
+    if left:
+        raise ControlPlaneError(f"still running after SIGKILL: {', '.join(left)}")
+
+
+def _wait_gone(proc: Process, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while proc.alive() and time.monotonic() < deadline:
+        time.sleep(POLL_INTERVAL)
+
+
+# --- the control plane --------------------------------------------------------------------------
+
+
+class ControlPlane:
+    """etcd + kube-apiserver + kube-controller-manager on free loopback ports under ``root``.
+
+    Everything it writes lives in ``root``: ``pki/``, ``etcd-data/``, ``logs/<process>.log``,
+    ``admin.kubeconfig`` and ``state.json`` (pids, exe paths and URLs for a separate process).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        binaries: Path,
+        *,
+        crd_dir: Path | None = DEFAULT_CRD_DIR,
+        start_timeout: float = 120.0,
+        die_with_parent: bool = False,
+    ) -> None:
+        self.root = root.resolve()
+        self.binaries = binaries
+        self.crd_dir = crd_dir
+        self.start_timeout = start_timeout
+        self.die_with_parent = die_with_parent
+        self.processes: dict[str, Process] = {}
+        self.server = ""
+        self.etcd_url = ""
+        self.kcm_url = ""
+
+    # paths
+    @property
+    def pki(self) -> Path:
+        """Certificates and keys."""
+        return self.root / "pki"
+
+    @property
+    def logs(self) -> Path:
+        """One log file per process."""
+        return self.root / "logs"
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The admin (system:masters) kubeconfig, credentials inline."""
+        return self.root / ADMIN_KUBECONFIG
+
+    @property
+    def ca_file(self) -> Path:
+        """The CA that signed the serving certificates."""
+        return self.pki / "serving-ca.crt"
+
+    # lifecycle
+    def start(self, attempts: int = 3) -> None:
+        """Start all three processes and return once the API is ready and CRDs are Established.
+
+        Retries with fresh ports when a port picked by free_port() was taken in the meantime.
+        """
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once()
+                return
+            except ControlPlaneError as exc:
+                self.stop()
+                if "address already in use" not in str(exc) or attempt == attempts:
+                    raise
+            except BaseException:
+                self.stop()  # e.g. Ctrl-C: detached processes would otherwise outlive us
+                raise
+
+    def _start_once(self) -> None:
+        self._clean()
+        etcd_port, peer_port, api_port, kcm_port = (free_port() for _ in range(4))
+        self.etcd_url = f"http://127.0.0.1:{etcd_port}"
+        self.server = f"https://127.0.0.1:{api_port}"
+        self.kcm_url = f"https://127.0.0.1:{kcm_port}"
+        self._write_pki()
+
+        peer = f"http://127.0.0.1:{peer_port}"
+        self._spawn(
+            ETCD,
+            [
+                "--name=projector",
+                f"--data-dir={self.root / 'etcd-data'}",
+                f"--listen-client-urls={self.etcd_url}",
+                f"--advertise-client-urls={self.etcd_url}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=projector={peer}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        )
+        self._wait_for(ETCD, f"{self.etcd_url}/health", tls=False)
+        pki = self.pki
+        self._spawn(
+            APISERVER,
+            [
+                f"--etcd-servers={self.etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                # Endpoints may not point at loopback, so do not publish the `kubernetes` Service's.
+                "--endpoint-reconciler-type=none",
+                f"--secure-port={api_port}",
+                f"--cert-dir={pki}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'client-ca.crt'}",
+                "--authorization-mode=RBAC",
+                f"--service-account-issuer={self.server}",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--allow-privileged=true",
+                "--profiling=false",
+            ],
+        )
+        self._write_state()
+        self._wait_for(APISERVER, f"{self.server}/readyz", tls=True)
+        self._spawn(
+            CONTROLLER_MANAGER,
+            [
+                f"--kubeconfig={self.kubeconfig}",
+                # No --authentication/authorization-kubeconfig: nobody calls its API but our
+                # /healthz probe, an always-allowed path; with them it loops on a missing
+                # requestheader CA.
+                f"--controllers={','.join(KCM_CONTROLLERS)}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={kcm_port}",
+                f"--cert-dir={pki}",
+                f"--tls-cert-file={pki / 'kcm.crt'}",
+                f"--tls-private-key-file={pki / 'kcm.key'}",
+                "--profiling=false",
+            ],
+        )
+        self._write_state()
+        self._wait_for(CONTROLLER_MANAGER, f"{self.kcm_url}/healthz", tls=True)
+        if self.crd_dir is not None and self.crd_dir.is_dir():
+            self.apply_crds(sorted(self.crd_dir.glob("*.y*ml")))
+
+    def stop(self) -> None:
+        """Stop controller-manager, apiserver, etcd (in that order); nothing is left running."""
+        order = [self.processes[n] for n in reversed(PROCESS_NAMES) if n in self.processes]
+        try:
+            stop_processes(order)
+        finally:
+            for proc in order:
+                if proc.popen is not None:
+                    proc.popen.wait(timeout=1)
+            self.processes.clear()
+            self._write_state()
+
+    def running(self) -> bool:
+        """True if every recorded process is alive and the API server answers /readyz."""
+        return (
+            len(self.processes) == len(PROCESS_NAMES)
+            and all(p.alive() for p in self.processes.values())
+            and self._probe(f"{self.server}/readyz", tls=True)[0]
+        )
+
+    def apply_crds(self, paths: Sequence[Path], timeout: float = 60.0) -> None:
+        """Server-side apply each CRD and wait until it is Established (served, storable).
+
+        Plain HTTPS instead of the kubernetes client: its import alone costs seconds per `up`.
+        """
+        base = f"{self.server}/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        names = []
+        for doc in crd_documents(paths):
+            name = doc["metadata"]["name"]
+            self._request(
+                "PATCH",
+                f"{base}/{name}?fieldManager=projector-tests&force=true",
+                body=json.dumps(doc).encode(),
+                content_type="application/apply-patch+yaml",
+            )
+            names.append(name)
+        deadline = time.monotonic() + timeout
+        for name in names:
+            while True:
+                crd = json.loads(self._request("GET", f"{base}/{name}"))
+                conditions = (crd.get("status") or {}).get("conditions") or []
+                if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+                    break
+                if time.monotonic() > deadline:
+                    raise ControlPlaneError(f"CRD {name} not Established: {conditions}")
+                time.sleep(POLL_INTERVAL)
+
+    def version(self) -> dict[str, str]:
+        """The server's /version document (gitVersion is the pinned KUBE_VERSION)."""
+        return cast(dict[str, str], json.loads(self._get(f"{self.server}/version", tls=True)))
+
+    def peak_rss_kib(self) -> dict[str, int]:
+        """Peak RSS per live process (read before stopping: /proc forgets the dead)."""
+        peaks = {name: peak_rss_kib(p.pid) for name, p in self.processes.items() if p.alive()}
+        return {name: kib for name, kib in peaks.items() if kib is not None}
+
+    # persistence, so `down` works from another process
+    @classmethod
+    def load(cls, root: Path) -> ControlPlane | None:
+        """Rebuild a handle from ``root/state.json`` written by an earlier start()."""
+        try:
+            state = json.loads((root / STATE_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        plane = cls(root, Path(state["binaries"]), crd_dir=None)
+        plane.server = state.get("server", "")
+        plane.etcd_url = state.get("etcd", "")
+        plane.kcm_url = state.get("controller_manager", "")
+        for name, info in state.get("processes", {}).items():
+            plane.processes[name] = Process(name, info["exe"], int(info["pid"]), Path(info["log"]))
+        return plane
+
+    def _write_state(self) -> None:
+        state = {
+            "binaries": str(self.binaries),
+            "server": self.server,
+            "etcd": self.etcd_url,
+            "controller_manager": self.kcm_url,
+            "kubeconfig": str(self.kubeconfig),
+            "processes": {
+                name: {"pid": p.pid, "exe": p.exe, "log": str(p.log)}
+                for name, p in self.processes.items()
+            },
+        }
+        tmp = self.root / f"{STATE_FILE}.tmp"
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        tmp.replace(self.root / STATE_FILE)
+
+    # internals
+    def _clean(self) -> None:
+        """Start from scratch: remove only what start() creates (root may be a user's dir)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        for name in ("pki", "etcd-data", "logs"):
+            shutil.rmtree(self.root / name, ignore_errors=True)
+        for name in (ADMIN_KUBECONFIG, STATE_FILE):
+            (self.root / name).unlink(missing_ok=True)
+        self.logs.mkdir()
+
+    def _write_pki(self) -> None:
+        serving_ca = TinyCA("projector-tests-serving-ca")
+        client_ca = TinyCA("projector-tests-client-ca")
+        apiserver, kcm = (
+            serving_ca.issue(cn, server=True, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+            for cn in ("kube-apiserver", "kube-controller-manager")
+        )
+        admin = client_ca.issue("admin", organizations=["system:masters"], client=True)
+        sa_key = ec.generate_private_key(ec.SECP256R1())
+        sa_pub = sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        pki = self.pki
+        _write(pki / "serving-ca.crt", serving_ca.cert_pem)
+        _write(pki / "client-ca.crt", client_ca.cert_pem)
+        for name, pair in (("apiserver", apiserver), ("kcm", kcm), ("admin", admin)):
+            _write(pki / f"{name}.crt", pair.cert_pem)
+            _write(pki / f"{name}.key", pair.key_pem, secret=True)
+        _write(pki / "sa.key", _key_pem(sa_key), secret=True)
+        _write(pki / "sa.pub", sa_pub)
+        write_kubeconfig(
+            self.kubeconfig,
+            kubeconfig_dict(self.server, serving_ca.cert_pem, user="admin", cert=admin),
+        )
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        exe = str(self.binaries / name)
+        log = self.logs / f"{name}.log"
+        with log.open("ab") as out:
+            popen = subprocess.Popen(
+                [exe, *args],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.root,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if self.die_with_parent else None,
+            )
+        self.processes[name] = Process(name, exe, popen.pid, log, popen)
+
+    def _wait_for(self, name: str, url: str, *, tls: bool) -> None:
+        """Poll a health URL until it is healthy, failing fast (with logs) if a process exits."""
+        deadline = time.monotonic() + self.start_timeout
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            for proc in self.processes.values():
+                if not proc.alive():
+                    raise ControlPlaneError(
+                        f"{proc.name} exited while waiting for {name} ({url}); "
+                        f"last lines of {proc.log}:\n{tail(proc.log)}"
+                    )
+            healthy, last = self._probe(url, tls=tls)
+            if healthy:
+                return
+            time.sleep(POLL_INTERVAL)
+        log = self.processes[name].log
+        raise ControlPlaneError(
+            f"{name} not ready at {url} after {self.start_timeout:.0f}s (last: {last}); "
+            f"last lines of {log}:\n{tail(log)}"
+        )
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.ca_file))
+        ctx.load_cert_chain(self.pki / "admin.crt", self.pki / "admin.key")
+        return ctx
+
+    def _probe(self, url: str, *, tls: bool) -> tuple[bool, str]:
+        """GET a health endpoint: (healthy, body or error). etcd says JSON, Kubernetes says ok."""
+        try:
+            body = self._get(url, tls=tls)
+        except ControlPlaneError as exc:
+            return False, str(exc)
+        return body.strip() == "ok" or '"health":"true"' in body, body[:500]
+
+    def _get(self, url: str, *, tls: bool) -> str:
+        """GET with the admin client certificate (system:masters is authorized before RBAC is)."""
+        return self._request("GET", url, tls=tls).decode()
+
+    def _request(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None = None,
+        content_type: str = "application/json",
+        tls: bool = True,
+    ) -> bytes:
+        request = urllib.request.Request(url, data=body, method=method)
+        if body is not None:
+            request.add_header("Content-Type", content_type)
+        try:
+            ctx = self._ssl_context() if tls else None
+            with urllib.request.urlopen(request, timeout=10, context=ctx) as resp:
+                return cast(bytes, resp.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:500]
+            raise ControlPlaneError(f"{method} {url}: HTTP {exc.code}: {detail}") from exc
+        except (OSError, ssl.SSLError) as exc:
+            raise ControlPlaneError(f"{method} {url}: {exc!r}") from exc
+
+
+def crd_documents(paths: Sequence[Path]) -> Iterator[dict[str, Any]]:
+    """Every YAML document in paths; anything but a CRD is a mistake in deploy/crds/."""
+    for path in paths:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc:
+                continue
+            if doc.get("kind") != "CustomResourceDefinition":
+                raise ControlPlaneError(f"{path}: expected only CustomResourceDefinitions")
+            yield cast(dict[str, Any], doc)
+
+
+def describe(plane: ControlPlane) -> str:
+    """A few lines for `status`: one per process, then the server URL."""
+    lines = []
+    for name in PROCESS_NAMES:
+        proc = plane.processes.get(name)
+        state = "not started" if proc is None else ("running" if proc.alive() else "dead")
+        pid = "" if proc is None else f" pid {proc.pid}"
+        lines.append(f"{name:<24}{state}{pid}")
+    lines.append(f"server: {plane.server or '-'}")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "APISERVER",
+    "CONTROLLER_MANAGER",
+    "ETCD",
+    "REPO_ROOT",
+    "ControlPlane",
+    "ControlPlaneError",
+    "KeyPair",
+    "TinyCA",
+    "describe",
+    "ensure_binaries",
+    "kubeconfig_dict",
+    "read_versions",
+    "write_kubeconfig",
+]

@@ -1,0 +1,296 @@
+"""The local control plane is a real Kubernetes API: each test fails against a fake or a half-plane.
+
+Watches with resourceVersion semantics, RBAC that denies, CEL validation, label selectors,
+optimistic concurrency, and the controllers (namespace, garbage collector) that envtest lacks.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, watch
+
+from tests.controlplane.plane import ControlPlane, read_versions
+from tests.support import (
+    NamespaceFactory,
+    ServiceAccountKubeconfigFactory,
+    api_client,
+    eventually,
+    request_token,
+    status_of,
+    unique_name,
+    write_token_kubeconfig,
+)
+
+TEST_GROUP = "tests.projector.invalid"
+CEL_MESSAGE = "replicas must not exceed maxReplicas"
+
+ClusterRoleFactory = Callable[[list[client.V1PolicyRule]], str]
+
+
+def _secret(name: str, labels: dict[str, str] | None = None, **meta: Any) -> client.V1Secret:
+    return client.V1Secret(
+        metadata=client.V1ObjectMeta(name=name, labels=labels, **meta),
+        string_data={"value": name},
+    )
+
+
+@pytest.fixture
+def cluster_role(rbac_v1: client.RbacAuthorizationV1Api) -> Iterator[ClusterRoleFactory]:
+    """Throwaway ClusterRoles (cluster-scoped, so namespace deletion would not remove them)."""
+    created: list[str] = []
+
+    def make(rules: list[client.V1PolicyRule]) -> str:
+        name = unique_name("tests-role")
+        rbac_v1.create_cluster_role(
+            client.V1ClusterRole(metadata=client.V1ObjectMeta(name=name), rules=rules)
+        )
+        created.append(name)
+        return name
+
+    yield make
+    for name in created:
+        rbac_v1.delete_cluster_role(name)
+
+
+SECRET_READER = [client.V1PolicyRule(api_groups=[""], resources=["secrets"], verbs=["list", "get"])]
+
+
+def test_watch_sees_secret_created_after_it_started(
+    core_v1: client.CoreV1Api, namespace: str
+) -> None:
+    core_v1.create_namespaced_secret(namespace, _secret("before"))
+    listed = core_v1.list_namespaced_secret(namespace)
+    assert listed.metadata is not None
+    core_v1.create_namespaced_secret(namespace, _secret("first"))
+
+    watcher = watch.Watch()
+    stream = watcher.stream(
+        core_v1.list_namespaced_secret,
+        namespace,
+        resource_version=listed.metadata.resource_version,
+        timeout_seconds=30,
+    )
+    seen: list[tuple[str, str]] = []
+    try:
+        for event in stream:
+            name = event["raw_object"]["metadata"]["name"]
+            seen.append((event["type"], name))
+            if name == "first":
+                # The watch is open now (it delivered an event): this one can only come live.
+                core_v1.create_namespaced_secret(namespace, _secret("second"))
+            if name == "second":
+                break
+    finally:
+        watcher.stop()
+        stream.close()
+    assert seen == [("ADDED", "first"), ("ADDED", "second")]
+
+
+def test_service_account_needs_rbac(
+    control_plane: ControlPlane,
+    core_v1: client.CoreV1Api,
+    rbac_v1: client.RbacAuthorizationV1Api,
+    cluster_role: ClusterRoleFactory,
+    namespace: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    core_v1.create_namespaced_service_account(
+        namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="reader"))
+    )
+    token = request_token(core_v1, "reader", namespace)
+    user = f"system:serviceaccount:{namespace}:reader"
+    kubeconfig = write_token_kubeconfig(tmp_path / "sa", control_plane, token, user=user)
+    api = api_client(kubeconfig)
+    request.addfinalizer(api.close)
+    as_reader = client.CoreV1Api(api)
+    list_secrets = functools.partial(as_reader.list_namespaced_secret, namespace)
+
+    assert status_of(list_secrets) == 403
+
+    role = cluster_role(SECRET_READER)
+    binding = unique_name("tests-reader")
+    rbac_v1.create_cluster_role_binding(
+        client.V1ClusterRoleBinding(
+            metadata=client.V1ObjectMeta(name=binding),
+            role_ref=client.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=role
+            ),
+            subjects=[
+                client.RbacV1Subject(kind="ServiceAccount", name="reader", namespace=namespace)
+            ],
+        )
+    )
+    request.addfinalizer(functools.partial(rbac_v1.delete_cluster_role_binding, binding))
+
+    eventually(lambda: status_of(list_secrets) == 200, message="binding never took effect")
+    assert status_of(as_reader.list_namespace) == 403  # only what the role grants
+
+
+def test_service_account_kubeconfig_fixture(
+    service_account_kubeconfig: ServiceAccountKubeconfigFactory,
+    cluster_role: ClusterRoleFactory,
+    namespace: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    kubeconfig = service_account_kubeconfig(cluster_role(SECRET_READER), namespace)
+    api = api_client(kubeconfig)
+    request.addfinalizer(api.close)
+
+    review = client.AuthenticationV1Api(api).create_self_subject_review(
+        client.V1SelfSubjectReview()
+    )
+    assert review.status is not None and review.status.user_info is not None
+    username = review.status.user_info.username or ""
+    assert username.startswith(f"system:serviceaccount:{namespace}:")
+    as_sa = client.CoreV1Api(api)
+    assert status_of(functools.partial(as_sa.list_namespaced_secret, namespace)) == 200
+    assert status_of(functools.partial(as_sa.list_namespaced_config_map, namespace)) == 403
+
+
+@pytest.fixture
+def widget_crd(admin_client: client.ApiClient) -> Iterator[str]:
+    """A throwaway CRD whose schema carries a CEL rule; returns its plural."""
+    ext = client.ApiextensionsV1Api(admin_client)
+    name = f"widgets.{TEST_GROUP}"
+    schema = {
+        "type": "object",
+        "properties": {
+            "spec": {
+                "type": "object",
+                "required": ["replicas", "maxReplicas"],
+                "properties": {
+                    "replicas": {"type": "integer"},
+                    "maxReplicas": {"type": "integer"},
+                },
+                "x-kubernetes-validations": [
+                    {"rule": "self.replicas <= self.maxReplicas", "message": CEL_MESSAGE}
+                ],
+            }
+        },
+    }
+    crd = client.V1CustomResourceDefinition.model_validate(
+        {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": name},
+            "spec": {
+                "group": TEST_GROUP,
+                "scope": "Namespaced",
+                "names": {"kind": "Widget", "plural": "widgets", "singular": "widget"},
+                "versions": [
+                    {
+                        "name": "v1",
+                        "served": True,
+                        "storage": True,
+                        "schema": {"openAPIV3Schema": schema},
+                    }
+                ],
+            },
+        }
+    )
+    ext.create_custom_resource_definition(crd)
+
+    def established() -> bool:
+        status = ext.read_custom_resource_definition(name).status
+        conditions = (status.conditions if status else None) or []
+        return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+    eventually(established, message=f"CRD {name} never Established")
+    yield "widgets"
+    ext.delete_custom_resource_definition(name)
+
+
+def test_crd_cel_rule_rejects_invalid_object(
+    custom_objects: client.CustomObjectsApi, widget_crd: str, namespace: str
+) -> None:
+    def widget(name: str, replicas: int, max_replicas: int) -> dict[str, Any]:
+        return {
+            "apiVersion": f"{TEST_GROUP}/v1",
+            "kind": "Widget",
+            "metadata": {"name": name},
+            "spec": {"replicas": replicas, "maxReplicas": max_replicas},
+        }
+
+    create = functools.partial(
+        custom_objects.create_namespaced_custom_object, TEST_GROUP, "v1", namespace, widget_crd
+    )
+    # Established can precede the handler serving the new type by a moment.
+    eventually(lambda: create(widget("good", 1, 2)), message="valid Widget never accepted")
+
+    with pytest.raises(client.ApiException) as rejected:
+        create(widget("bad", 3, 2))
+    assert rejected.value.status == 422
+    assert CEL_MESSAGE in (rejected.value.body or "")
+
+
+def test_label_selector_returns_only_matching(core_v1: client.CoreV1Api, namespace: str) -> None:
+    for name, tier in (("a1", "a"), ("a2", "a"), ("b1", "b")):
+        core_v1.create_namespaced_secret(namespace, _secret(name, {"tier": tier}))
+    core_v1.create_namespaced_secret(namespace, _secret("unlabelled"))
+
+    def names(selector: str) -> set[str]:
+        items = core_v1.list_namespaced_secret(namespace, label_selector=selector).items
+        return {s.metadata.name for s in items if s.metadata and s.metadata.name}
+
+    assert names("tier=a") == {"a1", "a2"}
+    assert names("tier=b") == {"b1"}
+    assert names("tier") == {"a1", "a2", "b1"}
+
+
+def test_stale_update_conflicts(core_v1: client.CoreV1Api, namespace: str) -> None:
+    core_v1.create_namespaced_secret(namespace, _secret("contended"))
+    fresh = core_v1.read_namespaced_secret("contended", namespace)
+    stale = fresh.model_copy(deep=True)
+
+    fresh.string_data = {"value": "new"}
+    core_v1.replace_namespaced_secret("contended", namespace, fresh)
+
+    stale.string_data = {"value": "lost update"}
+    with pytest.raises(client.ApiException) as conflict:
+        core_v1.replace_namespaced_secret("contended", namespace, stale)
+    assert conflict.value.status == 409
+
+
+def test_namespace_deletion_completes(
+    core_v1: client.CoreV1Api, make_namespace: NamespaceFactory
+) -> None:
+    doomed = make_namespace()
+    core_v1.create_namespaced_secret(doomed, _secret("content"))
+    core_v1.delete_namespace(doomed)
+
+    read = functools.partial(core_v1.read_namespace, doomed)
+    eventually(
+        lambda: status_of(read) == 404,
+        timeout=60,
+        message=f"namespace {doomed} still exists: is kube-controller-manager running?",
+    )
+
+
+def test_garbage_collector_deletes_dependents(core_v1: client.CoreV1Api, namespace: str) -> None:
+    owner = core_v1.create_namespaced_config_map(
+        namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="owner"))
+    )
+    assert owner.metadata is not None and owner.metadata.uid is not None
+    reference = client.V1OwnerReference(
+        api_version="v1", kind="ConfigMap", name="owner", uid=owner.metadata.uid
+    )
+    core_v1.create_namespaced_secret(namespace, _secret("dependent", owner_references=[reference]))
+    core_v1.delete_namespaced_config_map("owner", namespace)
+
+    read = functools.partial(core_v1.read_namespaced_secret, "dependent", namespace)
+    eventually(
+        lambda: status_of(read) == 404,
+        timeout=60,
+        message="dependent Secret outlived its owner: is the garbage collector running?",
+    )
+
+
+def test_version_is_pinned(admin_client: client.ApiClient) -> None:
+    info = client.VersionApi(admin_client).get_code()
+    assert info.git_version == read_versions()["KUBE_VERSION"]
