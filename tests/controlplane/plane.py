@@ -119,6 +119,20 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
 class TinyCA:
     """A throwaway ECDSA P-256 CA, like envtest's tinyca: one per trust domain, never persisted."""
 
@@ -126,41 +140,33 @@ class TinyCA:
 
     def __init__(self, common_name: str) -> None:
         self._key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name(
+        self._name = x509.Name(
             [
                 x509.NameAttribute(NameOID.COMMON_NAME, common_name),
                 x509.NameAttribute(NameOID.ORGANIZATION_NAME, "projector-tests"),
             ]
         )
-        now = dt.datetime.now(dt.UTC)
-        self._name = name
+        public_key = self._key.public_key()
         self.cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(self._key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(hours=1))
-            .not_valid_after(now + self.VALIDITY)
+            self._builder(self._name, public_key)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(
-                x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()), critical=False
-            )
+            .add_extension(_key_usage(ca=True), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
             .sign(self._key, hashes.SHA256())
+        )
+
+    def _builder(
+        self, subject: x509.Name, public_key: ec.EllipticCurvePublicKey
+    ) -> x509.CertificateBuilder:
+        now = dt.datetime.now(dt.UTC)
+        return (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(self._name)
+            .public_key(public_key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(hours=1))  # tolerate clock skew
+            .not_valid_after(now + self.VALIDITY)
         )
 
     @property
@@ -182,35 +188,12 @@ class TinyCA:
         key = ec.generate_private_key(ec.SECP256R1())
         attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
         attributes += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
-        usages = []
-        if server:
-            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
-        if client:
-            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
-        now = dt.datetime.now(dt.UTC)
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
+        usages += [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
         builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name(attributes))
-            .issuer_name(self._name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(hours=1))
-            .not_valid_after(now + self.VALIDITY)
+            self._builder(x509.Name(attributes), key.public_key())
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(_key_usage(ca=False), critical=True)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
             .add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()),
