@@ -16,7 +16,7 @@ class Config:
     kubeconfig: str | None = None
     """Path to a kubeconfig; None: in-cluster config, then $KUBECONFIG."""
     namespace: str = "projector-system"
-    """The controller's own namespace: its Lease and Events live here."""
+    """The controller's own namespace: its Lease lives here (Events go to `default`)."""
     http_port: int = 8080
     """One port for /metrics, /healthz and /readyz; 0 picks a free one."""
     http_host: str = "0.0.0.0"

@@ -53,6 +53,9 @@ from projector.writer import Writer
 
 log = structlog.get_logger("projector")
 
+EVENTS_NS = "default"
+"""Events about a cluster-scoped object must live here (API server validation)."""
+
 
 def _key(obj: Obj) -> ObjectKey:
     meta = obj["metadata"]
@@ -381,7 +384,7 @@ class Controller:
             "kind": "Event",
             "metadata": {
                 "name": f"{rec.name}.{uuid.uuid4().hex[:16]}",
-                "namespace": self.config.namespace,
+                "namespace": EVENTS_NS,
             },
             "involvedObject": {
                 "apiVersion": GRANTS.version,
@@ -400,6 +403,6 @@ class Controller:
             "count": 1,
         }
         try:
-            await self.kube.create(EVENTS, body, namespace=self.config.namespace)
+            await self.kube.create(EVENTS, body, namespace=EVENTS_NS)
         except ApiError as e:  # Events are best effort: never fail a reconcile on them
-            log.warning("event not recorded", status=e.status, reason=e.reason)
+            log.warning("event not recorded", status=e.status, reason=e.reason, error=e.message)

@@ -80,8 +80,8 @@ class Triggers:
     def copy_changed(self, old: Copy | None, new: Copy | None) -> set[str]:
         """The grant a copy names in its label, and the grant that owns it by uid.
 
-        Rivals for the same copy are not woken here: they wake on the grant changes that
-        decide who wins, which keeps one copy event O(1) however many grants share a name.
+        Rivals for the same copy are woken only when a copy is deleted (its place is free);
+        other copy events stay O(1) however many grants share a target name.
         """
         names: set[str] = set()
         for c in (old, new):
@@ -93,6 +93,8 @@ class Triggers:
             owner = self._uid_to_name.get(c.grant_uid or "")
             if owner:
                 names.add(owner)
+        if old is not None and new is None:  # a freed place: a waiting rival may take it now
+            names |= self._by_target.get(old.key.name, set())
         return names
 
     def live_uids(self) -> frozenset[str]:

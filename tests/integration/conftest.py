@@ -199,9 +199,12 @@ def start_controller(
         return cp
 
     yield start
-    for cp in procs:
+    results = []
+    for cp in procs:  # stop every process before asserting anything, so none leaks
         metrics = cp.get("/metrics")[1] if cp.proc.poll() is None else ""
-        code = cp.stop()
+        results.append((cp, cp.stop(), metrics))
+    for cp, code, metrics in results:
+        print(f"--- controller log (tail) {cp.log} ---\n" + "\n".join(cp.logs().splitlines()[-60:]))
         assert code == 0, f"controller exit code {code}:\n{cp.logs()[-3000:]}"
         canaries.assert_absent("controller logs", cp.logs())
         canaries.assert_absent("metrics", metrics)
@@ -338,7 +341,7 @@ class Cluster:
 
     def events(self, grant: str) -> list[client.CoreV1Event]:
         evs = self.core.list_namespaced_event(
-            SYSTEM_NS, field_selector=f"involvedObject.name={grant}"
+            "default", field_selector=f"involvedObject.name={grant}"
         )
         return list(evs.items)
 

@@ -1,0 +1,1 @@
+"""Benchmarks of projector (see docs/benchmarks.md)."""
