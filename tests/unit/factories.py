@@ -1,0 +1,287 @@
+"""Builders for the pure core's values: defaults that make one working projection.
+
+A grant `g` projects `src/hub` (every key, type Opaque, exported to `*`) into namespaces `a`
+and `b`; tests override only what their case is about. Copies are built the way the informer
+builds them, through `parse_copy` of a stored Secret, so `observed_hash` is what it would be in a
+cluster; `simulate` applies a plan's writes the way the writer would, to check convergence.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from projector.model import (
+    GRANT_LABEL,
+    GRANT_UID_ANNOTATION,
+    Copy,
+    Grant,
+    KeyMapping,
+    LabelSelector,
+    Namespace,
+    ObjectKey,
+    OnRevoke,
+    OnSourceDeleted,
+    Source,
+    Uid,
+    parse_copy,
+    parse_export_to,
+)
+from projector.reconcile import Action, Desired, Plan, Reason, Snapshot, SourceState, desired_copy
+
+SRC_NS = "src"
+SRC_NAME = "hub"
+T0 = "2024-01-01T00:00:00Z"
+T1 = "2024-06-01T00:00:00Z"
+
+
+def b64(text: str) -> str:
+    """Encode like the API returns Secret data."""
+    return base64.b64encode(text.encode()).decode()
+
+
+def make_grant(
+    name: str = "g",
+    *,
+    uid: str | None = None,
+    created: str = T0,
+    generation: int = 1,
+    source: tuple[str, str] = (SRC_NS, SRC_NAME),
+    namespaces: Iterable[str] = ("a", "b"),
+    selector: LabelSelector | Mapping[str, str] | None = None,
+    keys: Iterable[tuple[str, str]] | None = None,
+    target_name: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    on_revoke: OnRevoke = OnRevoke.DELETE,
+    on_source_deleted: OnSourceDeleted = OnSourceDeleted.RETAIN,
+    deleting: bool = False,
+) -> Grant:
+    if selector is not None and not isinstance(selector, LabelSelector):
+        selector = LabelSelector(tuple(sorted(selector.items())))
+    return Grant(
+        name=name,
+        uid=Uid(uid if uid is not None else f"uid-{name}"),
+        generation=generation,
+        created=created,
+        source=ObjectKey(*source),
+        keys=None if keys is None else tuple(KeyMapping(s, d) for s, d in keys),
+        target_name=target_name or source[1],
+        namespaces=frozenset(namespaces),
+        selector=selector,
+        labels=tuple(sorted((labels or {}).items())),
+        annotations=tuple(sorted((annotations or {}).items())),
+        on_revoke=on_revoke,
+        on_source_deleted=on_source_deleted,
+        deleting=deleting,
+    )
+
+
+def make_source(
+    namespace: str = SRC_NS,
+    name: str = SRC_NAME,
+    *,
+    data: Mapping[str, str] | None = None,
+    type_: str = "Opaque",
+    export_to: str | tuple[str, ...] = "*",
+) -> Source:
+    return Source(
+        key=ObjectKey(namespace, name),
+        uid=Uid(f"uid-secret-{namespace}-{name}"),
+        type=type_,
+        data=dict(data if data is not None else {"token": b64("t0"), "url": b64("http://hub")}),
+        export_to=parse_export_to(export_to) if isinstance(export_to, str) else export_to,
+    )
+
+
+def make_ns(
+    name: str, labels: Mapping[str, str] | None = None, *, terminating: bool = False
+) -> Namespace:
+    return Namespace(name=name, labels=dict(labels or {}), terminating=terminating)
+
+
+def namespaces(*items: str | Namespace) -> dict[str, Namespace]:
+    """Index namespaces by name; a bare string is an existing, unlabelled namespace."""
+    out: dict[str, Namespace] = {}
+    for item in items:
+        ns = make_ns(item) if isinstance(item, str) else item
+        out[ns.name] = ns
+    return out
+
+
+def desired_of(grant: Grant, source: Source) -> Desired:
+    built = desired_copy(grant, source)
+    assert isinstance(built, Desired), f"source lacks key {built!r}"
+    return built
+
+
+def stored_secret(
+    namespace: str,
+    name: str,
+    *,
+    type_: str = "Opaque",
+    data: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    uid: str = "uid-secret",
+    resource_version: str = "1",
+    deleting: bool = False,
+    immutable: bool = False,
+) -> dict[str, Any]:
+    """A Secret as the API server returns it."""
+    meta: dict[str, Any] = {
+        "namespace": namespace,
+        "name": name,
+        "uid": uid,
+        "resourceVersion": resource_version,
+        "labels": dict(labels or {}),
+        "annotations": dict(annotations or {}),
+    }
+    if deleting:
+        meta["deletionTimestamp"] = T1
+    obj: dict[str, Any] = {"metadata": meta, "type": type_, "data": dict(data or {})}
+    if immutable:
+        obj["immutable"] = True
+    return obj
+
+
+def _patched(base: Mapping[str, str], changes: Mapping[str, str | None] | None) -> dict[str, str]:
+    out = dict(base)
+    for k, v in (changes or {}).items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
+
+
+def copy_from(
+    desired: Desired,
+    namespace: str,
+    *,
+    name: str | None = None,
+    data: Mapping[str, str] | None = None,
+    type_: str | None = None,
+    labels: Mapping[str, str | None] | None = None,
+    annotations: Mapping[str, str | None] | None = None,
+    deleting: bool = False,
+    resource_version: str = "7",
+) -> Copy:
+    """The copy a writer stored from `desired`, then optionally edited by someone.
+
+    `labels`/`annotations` patch the stored metadata (a None value removes the key).
+    """
+    name = name or desired.name
+    return parse_copy(
+        stored_secret(
+            namespace,
+            name,
+            type_=type_ or desired.type,
+            data=desired.data if data is None else data,
+            labels=_patched(desired.labels, labels),
+            annotations=_patched(desired.annotations, annotations),
+            uid=f"uid-copy-{namespace}-{name}",
+            resource_version=resource_version,
+            deleting=deleting,
+        )
+    )
+
+
+def foreign_secret(
+    namespace: str,
+    name: str = SRC_NAME,
+    *,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    type_: str = "Opaque",
+    deleting: bool = False,
+) -> Copy:
+    """A Secret that someone else wrote at a place a grant may write."""
+    return parse_copy(
+        stored_secret(
+            namespace,
+            name,
+            type_=type_,
+            data={"password": b64("not-ours")},
+            labels=labels,
+            annotations=annotations,
+            uid=f"uid-foreign-{namespace}-{name}",
+            deleting=deleting,
+        )
+    )
+
+
+def claim(grant_name: str | None, grant_uid: str | None) -> tuple[dict[str, str], dict[str, str]]:
+    """The (labels, annotations) by which a Secret claims to belong to a grant."""
+    labels = {} if grant_name is None else {GRANT_LABEL: grant_name}
+    annotations = {} if grant_uid is None else {GRANT_UID_ANNOTATION: grant_uid}
+    return labels, annotations
+
+
+def make_snapshot(
+    grant: Grant | None,
+    source: Source | None,
+    *,
+    state: SourceState = SourceState.AVAILABLE,
+    namespaces: Mapping[str, Namespace] | None = None,
+    copies: Iterable[Copy] = (),
+    extra_live: Iterable[str] = (),
+    rivals: Iterable[Grant] = (),
+    rival_sources: Mapping[ObjectKey, Source] | None = None,
+    grant_name: str | None = None,
+    copies_at: Iterable[Copy] | None = None,
+) -> Snapshot:
+    """A snapshot; live grant uids are the grant's, the rivals' and `extra_live`.
+
+    `copies_at` (the informer's index of every cached copy) also holds `copies`.
+    """
+    rivals = tuple(rivals)
+    snap_copies = tuple(copies)
+    live = {str(r.uid) for r in rivals} | set(extra_live)
+    if grant is not None:
+        live.add(grant.uid)
+    if grant_name is None:
+        assert grant is not None, "name the grant of a deleted-grant snapshot"
+        grant_name = grant.name
+    return Snapshot(
+        grant_name=grant_name,
+        grant=grant,
+        source=source,
+        source_state=state,
+        namespaces=namespaces if namespaces is not None else {},
+        copies=snap_copies,
+        live_grant_uids=frozenset(live),
+        rivals=rivals,
+        rival_sources=dict(rival_sources or {}),
+        copies_at=(None if copies_at is None else {c.key: c for c in (*copies_at, *snap_copies)}),
+    )
+
+
+def summary(p: Plan, target_name: str) -> dict[str, tuple[Action, Reason]]:
+    """Steps by namespace (or `namespace/name` for a Secret other than the target name)."""
+    out: dict[str, tuple[Action, Reason]] = {}
+    for s in p.steps:
+        key = s.namespace if s.name == target_name else f"{s.namespace}/{s.name}"
+        assert key not in out, f"two steps for {key}"
+        out[key] = (s.action, s.reason)
+    return out
+
+
+def simulate(snap: Snapshot, p: Plan) -> Snapshot:
+    """The snapshot after the writer did a plan's writes (in `copies` and in `copies_at`)."""
+    copies = {c.key: c for c in snap.copies}
+    index = dict(snap.copies_at) if snap.copies_at is not None else None
+    for s in p.writes:
+        key = ObjectKey(s.namespace, s.name)
+        if s.action is Action.DELETE:
+            copies.pop(key, None)
+            if index is not None:
+                index.pop(key, None)
+        else:
+            assert p.desired is not None
+            copies[key] = copy_from(p.desired, s.namespace)
+            if index is not None:
+                index[key] = copies[key]
+    return replace(snap, copies=tuple(copies.values()), copies_at=index)

@@ -1,0 +1,637 @@
+"""The value types and parsers at the informer edge: grants, selectors, export-to, copies."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import pytest
+
+from projector.errors import InvalidGrant
+from projector.model import (
+    GRANT_UID_ANNOTATION,
+    HASH_ANNOTATION,
+    Copy,
+    KeyMapping,
+    LabelSelector,
+    ObjectKey,
+    OnRevoke,
+    OnSourceDeleted,
+    content_hash,
+    parse_copy,
+    parse_export_to,
+    parse_grant,
+    parse_namespace,
+    parse_source,
+)
+from tests.unit.factories import b64, make_grant, make_source, stored_secret
+
+# -- parse_grant -----------------------------------------------------------------------------------
+
+
+def grant_obj(**spec: Any) -> dict[str, Any]:
+    """A minimal valid ProjectionGrant; `spec` keys replace the defaults (None removes one)."""
+    base: dict[str, Any] = {
+        "source": {"namespace": "jupyterhub", "name": "hub"},
+        "target": {"namespaces": ["dask-gateway"]},
+    }
+    for k, v in spec.items():
+        if v is None:
+            base.pop(k, None)
+        else:
+            base[k] = v
+    return {
+        "apiVersion": "projector.nebari.dev/v1alpha1",
+        "kind": "ProjectionGrant",
+        "metadata": {
+            "name": "hub-to-dask",
+            "uid": "u-1",
+            "generation": 3,
+            "creationTimestamp": "2024-01-01T00:00:00Z",
+        },
+        "spec": base,
+    }
+
+
+def test_parse_grant_defaults() -> None:
+    g = parse_grant(grant_obj())
+    assert g.name == "hub-to-dask"
+    assert g.uid == "u-1"
+    assert g.generation == 3
+    assert g.created == "2024-01-01T00:00:00Z"
+    assert g.source == ObjectKey("jupyterhub", "hub")
+    assert g.keys is None  # omitted = every key
+    assert g.target_name == "hub"  # default = source.name
+    assert g.namespaces == frozenset({"dask-gateway"})
+    assert g.selector is None
+    assert g.labels == ()
+    assert g.annotations == ()
+    assert g.on_revoke is OnRevoke.DELETE
+    assert g.on_source_deleted is OnSourceDeleted.RETAIN
+    assert g.deleting is False
+
+
+def test_parse_grant_full_spec() -> None:
+    g = parse_grant(
+        grant_obj(
+            keys=[
+                {"from": "hub.services.dask-gateway.apiToken", "to": "api-token"},
+                {"from": "url"},
+            ],
+            target={
+                "name": "jupyterhub-contract",
+                "namespaces": ["dask-gateway", "team-a"],
+                "namespaceSelector": {
+                    "matchLabels": {"nebari.dev/pack": "dask"},
+                    "matchExpressions": [
+                        {"key": "env", "operator": "In", "values": ["dev", "prod"]},
+                        {"key": "frozen", "operator": "DoesNotExist"},
+                    ],
+                },
+                "labels": {"app": "dask"},
+                "annotations": {"team": "data"},
+            },
+            policy={"onRevoke": "Retain", "onSourceDeleted": "Delete"},
+        )
+    )
+    assert g.keys == (
+        KeyMapping("hub.services.dask-gateway.apiToken", "api-token"),
+        KeyMapping("url", "url"),  # `to` defaults to `from`
+    )
+    assert g.target_name == "jupyterhub-contract"
+    assert g.namespaces == frozenset({"dask-gateway", "team-a"})
+    assert g.selector == LabelSelector(
+        (("nebari.dev/pack", "dask"),),
+        (("env", "In", ("dev", "prod")), ("frozen", "DoesNotExist", ())),
+    )
+    assert g.labels == (("app", "dask"),)
+    assert g.annotations == (("team", "data"),)
+    assert g.on_revoke is OnRevoke.RETAIN
+    assert g.on_source_deleted is OnSourceDeleted.DELETE
+
+
+@pytest.mark.parametrize(
+    ("target", "namespaces", "has_selector"),
+    [
+        pytest.param({"namespaces": ["a"]}, {"a"}, False, id="namespaces-only"),
+        pytest.param(
+            {"namespaceSelector": {"matchLabels": {"x": "y"}}}, set(), True, id="selector"
+        ),
+        pytest.param({"namespaceSelector": {}}, set(), True, id="empty-selector-is-a-selector"),
+        pytest.param(
+            {"namespaces": ["a"], "namespaceSelector": {"matchLabels": {"x": "y"}}},
+            {"a"},
+            True,
+            id="both",
+        ),
+    ],
+)
+def test_parse_grant_targets(
+    target: dict[str, Any], namespaces: set[str], has_selector: bool
+) -> None:
+    g = parse_grant(grant_obj(target=target))
+    assert g.namespaces == namespaces
+    assert (g.selector is not None) is has_selector
+
+
+def test_parse_grant_deleting_from_deletion_timestamp() -> None:
+    obj = grant_obj()
+    obj["metadata"]["deletionTimestamp"] = "2024-02-01T00:00:00Z"
+    assert parse_grant(obj).deleting is True
+
+
+def test_parse_grant_empty_to_defaults_to_from() -> None:
+    g = parse_grant(grant_obj(keys=[{"from": "a", "to": ""}]))
+    assert g.keys == (KeyMapping("a", "a"),)
+
+
+def test_parse_grant_same_from_twice_under_two_names_is_allowed() -> None:
+    g = parse_grant(grant_obj(keys=[{"from": "a", "to": "x"}, {"from": "a", "to": "y"}]))
+    assert g.keys == (KeyMapping("a", "x"), KeyMapping("a", "y"))
+
+
+def test_parse_grant_does_not_mutate_its_input() -> None:
+    obj = grant_obj(keys=[{"from": "a"}], target={"namespaces": ["b"], "labels": {"x": "1"}})
+    before = copy.deepcopy(obj)
+    parse_grant(obj)
+    assert obj == before
+
+
+TARGET = {"namespaces": ["dask-gateway"]}
+
+
+@pytest.mark.parametrize(
+    ("spec", "why"),
+    [
+        pytest.param({"source": None}, "required", id="no-source"),
+        pytest.param({"source": {"namespace": "jupyterhub"}}, "required", id="no-source-name"),
+        pytest.param({"source": {"name": "hub"}}, "required", id="no-source-namespace"),
+        pytest.param(
+            {"source": {"namespace": "", "name": "hub"}}, "required", id="empty-source-ns"
+        ),
+        pytest.param({"target": None}, "namespaces or namespaceSelector", id="no-target"),
+        pytest.param({"target": {"name": "x"}}, "namespaces or namespaceSelector", id="no-targets"),
+        pytest.param(
+            {"target": {"namespaces": []}}, "namespaces or namespaceSelector", id="empty-namespaces"
+        ),
+        pytest.param(
+            {"keys": [{"from": "a", "to": "x"}, {"from": "b", "to": "x"}]},
+            "unique",
+            id="duplicate-to",
+        ),
+        pytest.param(
+            {"keys": [{"from": "x"}, {"from": "b", "to": "x"}]},
+            "unique",
+            id="duplicate-to-by-default",
+        ),
+        pytest.param({"keys": [{"from": "a/b"}]}, "invalid Secret key", id="key-with-slash"),
+        pytest.param({"keys": [{"from": "a", "to": "b c"}]}, "invalid Secret key", id="to-space"),
+        pytest.param({"keys": [{"from": ""}]}, "invalid Secret key", id="empty-key"),
+        pytest.param({"keys": [{"from": "k" * 254}]}, "invalid Secret key", id="key-254-chars"),
+        pytest.param({"keys": [{"from": "ключ"}]}, "invalid Secret key", id="key-non-ascii"),
+        pytest.param(
+            {"target": {**TARGET, "labels": {"projector.nebari.dev/grant": "other"}}},
+            "reserved",
+            id="reserved-label",
+        ),
+        pytest.param(
+            {"target": {**TARGET, "annotations": {"projector.nebari.dev/grant-uid": "u"}}},
+            "reserved",
+            id="reserved-annotation",
+        ),
+        pytest.param(
+            {"target": {**TARGET, "labels": {"sub.projector.nebari.dev/x": "1"}}},
+            "reserved",
+            id="reserved-subdomain-label",
+        ),
+        pytest.param(
+            {"target": {**TARGET, "name": "Hub"}}, "DNS-1123 subdomain", id="target-name-upper"
+        ),
+        pytest.param(
+            {"target": {**TARGET, "name": "hub_token"}},
+            "DNS-1123 subdomain",
+            id="target-name-underscore",
+        ),
+        pytest.param(
+            {"target": {**TARGET, "name": "-hub"}}, "DNS-1123 subdomain", id="target-name-dash"
+        ),
+        pytest.param(
+            {"target": {**TARGET, "name": "h" * 254}},
+            "DNS-1123 subdomain",
+            id="target-name-254-chars",
+        ),
+        pytest.param(
+            {"source": {"namespace": "jupyterhub", "name": "Hub"}},
+            "DNS-1123 subdomain",
+            id="default-target-name-from-bad-source-name",
+        ),
+        pytest.param({"target": {"namespaces": ["Team-A"]}}, "DNS-1123 label", id="ns-upper"),
+        pytest.param({"target": {"namespaces": ["team.a"]}}, "DNS-1123 label", id="ns-dot"),
+        pytest.param({"target": {"namespaces": ["n" * 64]}}, "DNS-1123 label", id="ns-64-chars"),
+        pytest.param({"target": {"namespaces": ["a-"]}}, "DNS-1123 label", id="ns-trailing-dash"),
+        pytest.param({"target": {"namespaces": ["team-*"]}}, "DNS-1123 label", id="ns-glob"),
+        pytest.param({"policy": {"onRevoke": "delete"}}, "OnRevoke", id="policy-lowercase"),
+        pytest.param({"policy": {"onRevoke": "Orphan"}}, "OnRevoke", id="policy-on-revoke"),
+        pytest.param(
+            {"policy": {"onSourceDeleted": "Keep"}}, "OnSourceDeleted", id="policy-on-source-del"
+        ),
+        pytest.param({"policy": {"onRevoke": None}}, "OnRevoke", id="policy-null"),
+        # Bugs: inputs the parser should reject but accepts or crashes on.
+        pytest.param(
+            {"target": {"namespaces": ["team-a\n"]}},
+            "DNS-1123 label",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="BUG: model.py _DNS1123_LABEL uses `$`, which matches before a trailing "
+                "newline, and re.match not fullmatch: 'team-a\\n' passes as a namespace",
+            ),
+            id="ns-trailing-newline",
+        ),
+        pytest.param(
+            {"keys": [{"from": "token\n"}]},
+            "invalid Secret key",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="BUG: model.py _SECRET_KEY uses `$`: 'token\\n' passes as a Secret key",
+            ),
+            id="key-trailing-newline",
+        ),
+        pytest.param(
+            {"target": {**TARGET, "name": "hub\n"}},
+            "DNS-1123 subdomain",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="BUG: model.py _DNS1123_SUBDOMAIN uses `$`: 'hub\\n' passes as a name",
+            ),
+            id="target-name-trailing-newline",
+        ),
+        pytest.param(
+            {"keys": [{"from": ".."}]},
+            "invalid Secret key",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="BUG: model.py _SECRET_KEY accepts '.' and '..', which the API rejects "
+                "as Secret keys (IsConfigMapKey)",
+            ),
+            id="key-dot-dot",
+        ),
+        pytest.param(
+            {"target": {**TARGET, "name": "hub..contract"}},
+            "DNS-1123 subdomain",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="BUG: model.py _DNS1123_SUBDOMAIN accepts empty labels ('a..b', 'a.-b'), "
+                "which are not DNS-1123 subdomains",
+            ),
+            id="target-name-empty-label",
+        ),
+        pytest.param(
+            {
+                "target": {
+                    "namespaceSelector": {"matchExpressions": [{"key": "x", "operator": "Eq"}]}
+                }
+            },
+            "operator",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="BUG: parse_grant accepts any selector operator, and LabelSelector.matches "
+                "ignores an unknown one, so the selector fails open (matches every namespace)",
+            ),
+            id="selector-unknown-operator",
+        ),
+        pytest.param(
+            {"keys": [{"to": "x"}]},
+            "from",
+            marks=pytest.mark.xfail(
+                strict=True,
+                raises=KeyError,
+                reason="BUG: parse_grant raises KeyError, not InvalidGrant, for a key without "
+                "`from` (parse_grant_record then lets it escape)",
+            ),
+            id="key-without-from",
+        ),
+        pytest.param(
+            {"target": {"namespaces": "dask"}},
+            "namespaces",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="BUG: parse_grant takes a string `namespaces` as an iterable of characters "
+                "(targets namespaces d, a, s, k)",
+            ),
+            id="namespaces-not-a-list",
+        ),
+    ],
+)
+def test_parse_grant_rejects(spec: dict[str, Any], why: str) -> None:
+    with pytest.raises(InvalidGrant) as info:
+        parse_grant(grant_obj(**spec))
+    assert info.value.grant == "hub-to-dask"
+    assert why in info.value.why
+    assert str(info.value).startswith("grant hub-to-dask: ")
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        pytest.param({"keys": [{"from": "tls.crt"}, {"from": "a_B-9"}]}, id="key-charset"),
+        pytest.param({"keys": [{"from": "k" * 253}]}, id="key-253-chars"),
+        pytest.param({"target": {"namespaces": ["n" * 63]}}, id="ns-63-chars"),
+        pytest.param({"target": {"namespaces": ["0a"]}}, id="ns-leading-digit"),
+        pytest.param({"target": {**TARGET, "name": "hub.contract-1"}}, id="name-with-dot"),
+        pytest.param({"target": {**TARGET, "labels": {"example.com/projector": "x"}}}, id="label"),
+        pytest.param({"target": {**TARGET, "labels": {"nebari.dev/pack": "x"}}}, id="parent-dom"),
+        pytest.param({"keys": []}, id="empty-keys-list"),
+    ],
+)
+def test_parse_grant_accepts(spec: dict[str, Any]) -> None:
+    parse_grant(grant_obj(**spec))
+
+
+# -- export-to ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "patterns"),
+    [
+        pytest.param(None, (), id="missing"),
+        pytest.param("", (), id="empty"),
+        pytest.param("  ", (), id="blank"),
+        pytest.param(" , ,", (), id="only-commas"),
+        pytest.param("dask-gateway", ("dask-gateway",), id="one"),
+        pytest.param("dask-gateway, team-*", ("dask-gateway", "team-*"), id="spaces-trimmed"),
+        pytest.param("a,,b,", ("a", "b"), id="empty-parts-dropped"),
+        pytest.param("*", ("*",), id="star"),
+    ],
+)
+def test_parse_export_to(value: str | None, patterns: tuple[str, ...]) -> None:
+    assert parse_export_to(value) == patterns
+
+
+@pytest.mark.parametrize(
+    ("export_to", "namespace", "allowed"),
+    [
+        pytest.param("", "dask", False, id="empty-means-nobody"),
+        pytest.param("dask", "dask", True, id="exact"),
+        pytest.param("dask", "dask-gateway", False, id="exact-is-not-prefix"),
+        pytest.param("*", "anything", True, id="star"),
+        pytest.param("team-*", "team-a", True, id="glob"),
+        pytest.param("team-*", "team-", True, id="glob-empty-suffix"),
+        pytest.param("team-*", "team", False, id="glob-needs-dash"),
+        pytest.param("team-*", "my-team-a", False, id="glob-anchored"),
+        pytest.param("Team-*", "team-a", False, id="case-sensitive"),
+        pytest.param("team-?", "team-a", True, id="question-mark"),
+        pytest.param("team-?", "team-ab", False, id="question-mark-one-char"),
+        pytest.param("dask,team-*", "team-b", True, id="second-pattern"),
+        pytest.param("dask,team-*", "prod", False, id="no-pattern-matches"),
+    ],
+)
+def test_source_exports_to(export_to: str, namespace: str, allowed: bool) -> None:
+    assert make_source(export_to=export_to).exports_to(namespace) is allowed
+
+
+# -- selectors and targeting ---------------------------------------------------------------------
+
+ENV = "env"
+
+
+@pytest.mark.parametrize(
+    ("selector", "labels", "matches"),
+    [
+        pytest.param(LabelSelector(), {}, True, id="empty-matches-all"),
+        pytest.param(LabelSelector((("a", "1"),)), {"a": "1", "b": "2"}, True, id="labels"),
+        pytest.param(LabelSelector((("a", "1"),)), {"a": "2"}, False, id="labels-value"),
+        pytest.param(LabelSelector((("a", "1"),)), {}, False, id="labels-absent"),
+        pytest.param(
+            LabelSelector((("a", "1"), ("b", "2"))), {"a": "1"}, False, id="labels-all-needed"
+        ),
+        pytest.param(
+            LabelSelector((), ((ENV, "In", ("dev", "prod")),)), {ENV: "dev"}, True, id="in"
+        ),
+        pytest.param(
+            LabelSelector((), ((ENV, "In", ("dev", "prod")),)), {ENV: "qa"}, False, id="in-other"
+        ),
+        pytest.param(LabelSelector((), ((ENV, "In", ("dev",)),)), {}, False, id="in-absent"),
+        pytest.param(LabelSelector((), ((ENV, "NotIn", ("dev",)),)), {ENV: "qa"}, True, id="notin"),
+        pytest.param(
+            LabelSelector((), ((ENV, "NotIn", ("dev",)),)), {ENV: "dev"}, False, id="notin-value"
+        ),
+        pytest.param(LabelSelector((), ((ENV, "NotIn", ("dev",)),)), {}, True, id="notin-absent"),
+        pytest.param(LabelSelector((), ((ENV, "Exists", ()),)), {ENV: ""}, True, id="exists"),
+        pytest.param(LabelSelector((), ((ENV, "Exists", ()),)), {}, False, id="exists-absent"),
+        pytest.param(LabelSelector((), ((ENV, "DoesNotExist", ()),)), {}, True, id="dne"),
+        pytest.param(
+            LabelSelector((), ((ENV, "DoesNotExist", ()),)), {ENV: "x"}, False, id="dne-present"
+        ),
+        pytest.param(
+            LabelSelector((("a", "1"),), ((ENV, "In", ("dev",)),)),
+            {"a": "1", ENV: "prod"},
+            False,
+            id="labels-and-expressions",
+        ),
+    ],
+)
+def test_label_selector_matches(
+    selector: LabelSelector, labels: dict[str, str], matches: bool
+) -> None:
+    assert selector.matches(labels) is matches
+
+
+@pytest.mark.parametrize(
+    ("namespaces", "selector", "namespace", "labels", "targeted"),
+    [
+        pytest.param(("a",), None, "a", {}, True, id="listed"),
+        pytest.param(("a",), None, "b", {"pack": "x"}, False, id="not-listed"),
+        pytest.param((), {"pack": "x"}, "b", {"pack": "x"}, True, id="selected"),
+        pytest.param((), {"pack": "x"}, "b", {"pack": "y"}, False, id="not-selected"),
+        pytest.param(("a",), {"pack": "x"}, "a", {}, True, id="listed-or-selected"),
+    ],
+)
+def test_grant_targets(
+    namespaces: tuple[str, ...],
+    selector: dict[str, str] | None,
+    namespace: str,
+    labels: dict[str, str],
+    targeted: bool,
+) -> None:
+    g = make_grant(namespaces=namespaces, selector=selector)
+    assert g.targets(namespace, labels) is targeted
+
+
+def test_grant_seniority_orders_by_creation_then_name() -> None:
+    old_z = make_grant("z", created="2024-01-01T00:00:00Z")
+    new_a = make_grant("a", created="2024-02-01T00:00:00Z")
+    same_time_a = make_grant("a", created="2024-01-01T00:00:00Z")
+    assert sorted([new_a, old_z, same_time_a], key=lambda g: g.seniority) == [
+        same_time_a,
+        old_z,
+        new_a,
+    ]
+
+
+def test_object_key_str_and_order() -> None:
+    assert str(ObjectKey("ns", "name")) == "ns/name"
+    assert sorted([ObjectKey("b", "a"), ObjectKey("a", "z")]) == [
+        ObjectKey("a", "z"),
+        ObjectKey("b", "a"),
+    ]
+
+
+# -- sources and namespaces -----------------------------------------------------------------------
+
+
+def test_parse_source() -> None:
+    obj = stored_secret("jupyterhub", "hub", type_="kubernetes.io/tls", data={"tls.crt": "Y3J0"})
+    obj["metadata"]["annotations"] = {"projector.nebari.dev/export-to": "dask, team-*"}
+    s = parse_source(obj)
+    assert s.key == ObjectKey("jupyterhub", "hub")
+    assert s.type == "kubernetes.io/tls"
+    assert s.data == {"tls.crt": "Y3J0"}
+    assert s.export_to == ("dask", "team-*")
+
+
+def test_parse_source_defaults() -> None:
+    s = parse_source({"metadata": {"namespace": "n", "name": "s"}})
+    assert s.type == "Opaque"
+    assert s.data == {}
+    assert s.export_to == ()  # default deny
+
+
+@pytest.mark.parametrize(
+    ("obj", "terminating"),
+    [
+        pytest.param({"metadata": {"name": "a"}}, False, id="active"),
+        pytest.param({"metadata": {"name": "a"}, "status": {"phase": "Active"}}, False, id="phase"),
+        pytest.param(
+            {"metadata": {"name": "a"}, "status": {"phase": "Terminating"}}, True, id="terminating"
+        ),
+        pytest.param(
+            {"metadata": {"name": "a", "deletionTimestamp": "2024-01-01T00:00:00Z"}},
+            True,
+            id="deletion-timestamp",
+        ),
+    ],
+)
+def test_parse_namespace(obj: dict[str, Any], terminating: bool) -> None:
+    assert parse_namespace(obj).terminating is terminating
+
+
+def test_parse_namespace_labels() -> None:
+    ns = parse_namespace({"metadata": {"name": "a", "labels": {"pack": "x"}}})
+    assert ns.name == "a"
+    assert ns.labels == {"pack": "x"}
+
+
+# -- content hash and copies ----------------------------------------------------------------------
+
+BASE: dict[str, Any] = {
+    "type_": "Opaque",
+    "data": {"a": b64("1"), "b": b64("2")},
+    "labels": {"l": "1"},
+    "annotations": {"x": "1"},
+}
+
+
+def test_content_hash_format_and_determinism() -> None:
+    h = content_hash(**BASE)
+    assert h.startswith("sha256:")
+    assert len(h) == len("sha256:") + 64
+    assert content_hash(**BASE) == h
+
+
+def test_content_hash_ignores_order_and_its_own_annotation() -> None:
+    h = content_hash(**BASE)
+    reordered = content_hash(
+        "Opaque",
+        {"b": b64("2"), "a": b64("1")},
+        {"l": "1"},
+        {HASH_ANNOTATION: "sha256:x", "x": "1"},
+    )
+    assert reordered == h
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param({"type_": "kubernetes.io/tls"}, id="type"),
+        pytest.param({"data": {"a": b64("1"), "b": b64("3")}}, id="value"),
+        pytest.param({"data": {"a": b64("1"), "c": b64("2")}}, id="key-renamed"),
+        pytest.param({"data": {"a": b64("1")}}, id="key-dropped"),
+        pytest.param({"labels": {"l": "2"}}, id="label"),
+        pytest.param({"labels": {}}, id="label-removed"),
+        pytest.param({"annotations": {"x": "2"}}, id="annotation"),
+        pytest.param({"immutable": True}, id="immutable"),
+    ],
+)
+def test_content_hash_changes_with_content(change: dict[str, Any]) -> None:
+    assert content_hash(**{**BASE, **change}) != content_hash(**BASE)
+
+
+def test_content_hash_does_not_confuse_labels_and_annotations() -> None:
+    assert content_hash("Opaque", {}, {"k": "v"}, {}) != content_hash("Opaque", {}, {}, {"k": "v"})
+
+
+def secret_with(data: dict[str, str], **kw: Any) -> dict[str, Any]:
+    return stored_secret(
+        "dask",
+        "hub",
+        data=data,
+        labels={"projector.nebari.dev/grant": "g"},
+        annotations={GRANT_UID_ANNOTATION: "u-1", HASH_ANNOTATION: "sha256:stored"},
+        **kw,
+    )
+
+
+def test_parse_copy_keeps_metadata_and_drops_data() -> None:
+    secret = "s3cr3t-value"
+    c = parse_copy(secret_with({"token": b64(secret)}, resource_version="42", uid="u-copy"))
+    assert c.key == ObjectKey("dask", "hub")
+    assert c.uid == "u-copy"
+    assert c.resource_version == "42"
+    assert c.type == "Opaque"
+    assert c.grant_uid == "u-1"
+    assert c.annotations[HASH_ANNOTATION] == "sha256:stored"
+    assert not c.deleting
+    # the cache of copies holds no Secret value, in any field
+    assert "data" not in {f.name for f in dataclasses.fields(Copy)}
+    assert b64(secret) not in repr(c)
+    assert secret not in repr(c)
+
+
+def test_parse_copy_observed_hash_is_the_content_of_what_is_stored() -> None:
+    obj = secret_with({"token": b64("t0")})
+    c = parse_copy(obj)
+    assert c.observed_hash == content_hash(
+        "Opaque", {"token": b64("t0")}, obj["metadata"]["labels"], obj["metadata"]["annotations"]
+    )
+    # the stored hash annotation is not what observed_hash reports
+    assert c.observed_hash != "sha256:stored"
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param({"data": {"token": b64("edited")}}, id="data-edited"),
+        pytest.param({"data": {}}, id="data-emptied"),
+        pytest.param({"data": {"token": b64("t0"), "extra": b64("x")}}, id="key-added"),
+        pytest.param({"type_": "kubernetes.io/basic-auth"}, id="type"),
+        pytest.param({"immutable": True}, id="made-immutable"),
+    ],
+)
+def test_parse_copy_sees_edits_of_what_is_stored(edit: dict[str, Any]) -> None:
+    base = parse_copy(secret_with({"token": b64("t0")}))
+    kw: dict[str, Any] = {k: v for k, v in edit.items() if k != "data"}
+    edited = parse_copy(secret_with(edit.get("data", {"token": b64("t0")}), **kw))
+    assert edited.observed_hash != base.observed_hash
+
+
+def test_parse_copy_defaults() -> None:
+    c = parse_copy({"metadata": {"namespace": "n", "name": "s"}})
+    assert c.type == "Opaque"
+    assert c.grant_uid is None
+    assert c.labels == {}
+    assert c.observed_hash == content_hash("Opaque", {}, {}, {})
+
+
+def test_parse_copy_deleting() -> None:
+    assert parse_copy(secret_with({}, deleting=True)).deleting is True
