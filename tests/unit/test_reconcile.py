@@ -159,8 +159,9 @@ def bug(why: str) -> pytest.MarkDecorator:
 
 
 LABEL_ONLY_WHY = (
-    "reconcile.py:262-263 counts a Secret with our grant label but no grant-uid annotation as an "
-    "owned orphan (`None not in live_grant_uids`), so revoke paths delete it"
+    "reconcile.py:265-266 (plan, `owned`) counts a Secret with our grant label but no "
+    "grant-uid annotation as an owned orphan (`None not in live_grant_uids`), so revoke "
+    "paths delete it"
 )
 LABEL_ONLY_BUG = bug(LABEL_ONLY_WHY)
 
@@ -875,7 +876,7 @@ CASES = [
             ),
         ),
         marks=bug(
-            "reconcile.py:387-389 (_converge): an empty grant-uid annotation is not None, so a "
+            "reconcile.py:392-394 (_converge): an empty grant-uid annotation is not None, so a "
             'Secret with our grant label and `grant-uid: ""` is adopted as an orphan (Update)'
         ),
         id="label-and-empty-grant-uid-not-overwritten",
@@ -924,9 +925,9 @@ CASES = [
             matched=3,
         ),
         marks=bug(
-            "reconcile.py:283-286: with a namespaceSelector, candidates come only from existing "
-            "namespaces, so a listed namespace that does not exist gets no NamespaceMissing step "
-            "and is not counted in matched (it is, when the grant has no selector)"
+            "reconcile.py:286-289 (plan, `candidates`): with a namespaceSelector, candidates "
+            "come only from existing namespaces, so a listed namespace that does not exist gets "
+            "no NamespaceMissing step and is not counted in matched (it is, without a selector)"
         ),
         id="listed-namespace-missing-with-selector",
     ),
@@ -1463,7 +1464,7 @@ def test_property_plan_is_safe(snap: Snapshot) -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason=f"BUG: {LABEL_ONLY_WHY}; and _converge (reconcile.py:387-389) adopts a Secret whose "
+    reason=f"BUG: {LABEL_ONLY_WHY}; and _converge (reconcile.py:392-394) adopts a Secret whose "
     "grant-uid annotation is empty",
 )
 @settings(FAST, max_examples=100, phases=[Phase.generate])
