@@ -3,10 +3,10 @@
 # kind-*: a kind cluster for users with a Docker engine (tests/kind). Kubeconfigs go to .local/.
 .PHONY: cluster-up cluster-down kind-up kind-down
 
-cluster-up: ## start (or reuse) the local control plane; admin kubeconfig in .local/kubeconfig
+cluster-up: install ## start (or reuse) the local control plane; admin kubeconfig in .local/kubeconfig
 	$(PY) -m tests.controlplane up
 
-cluster-down: ## stop the local control plane
+cluster-down: install ## stop the local control plane
 	$(PY) -m tests.controlplane down
 
 kind-up: ## create (or reuse) kind cluster "projector" (needs Docker); .local/kind-kubeconfig

@@ -231,6 +231,7 @@ class Controller:
                 else "requeue"
             ).inc()
             self.queue.done(name)
+            await asyncio.sleep(0)  # a reconcile without I/O must not starve the informers
 
     # --- one reconcile --------------------------------------------------------------------------
 

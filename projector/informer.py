@@ -47,8 +47,10 @@ class Informer(Generic[K, T]):
         timeout_seconds: int = 300,
         read_deadline: float = 90.0,
         on_event: Callable[[str, str], None] | None = None,
+        backoff: tuple[float, float] = (0.8, 30.0),
     ) -> None:
         self.kube = kube
+        self._backoff = backoff
         self.resource = resource
         self.label_selector = label_selector
         self._parse = parse
@@ -181,7 +183,7 @@ class Informer(Generic[K, T]):
                 need_list = True
             except ApiError as e:
                 self.healthy.clear()
-                delay = min(30.0, max(0.8, delay * 2))
+                delay = min(self._backoff[1], max(self._backoff[0], delay * 2))
                 log.warning(
                     "watch failed; retrying",
                     kind=self.name,

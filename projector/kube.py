@@ -21,13 +21,13 @@ import kr8s
 import kr8s.asyncio
 
 from projector.errors import ApiError, ProjectorError, ServerError, api_error
+from projector.model import FIELD_MANAGER
 
 Obj = dict[str, Any]
 """A raw Kubernetes object as decoded from JSON."""
 
 _METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 _METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
-FIELD_MANAGER = "projector"
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,8 @@ SOURCE_ANNOTATION = f"{PREFIX}source"
 HASH_ANNOTATION = f"{PREFIX}content-hash"
 ON_REVOKE_ANNOTATION = f"{PREFIX}on-revoke"
 ON_SOURCE_DELETED_ANNOTATION = f"{PREFIX}on-source-deleted"
+FIELD_MANAGER = "projector"
+"""The field manager of every write, and part of the ownership proof of a copy."""
 
 Uid = NewType("Uid", str)
 """An object's metadata.uid: the only identity that cannot be spoofed by relabelling."""
@@ -164,20 +166,51 @@ class Copy:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     observed_hash: str
-    """Content hash recomputed from what is really stored, so edits of data are seen as drift."""
+    """Hash of what is really stored (type, data, projector's own metadata), so edits of data
+    are seen as drift; labels and annotations that others add are not ours to police."""
     deleting: bool = False
+    immutable: bool = False
+    marked_by_projector: bool = True
+    """managedFields say projector itself wrote the grant-uid annotation: a manifest copied by
+    hand from a real copy carries the same annotation, but not this proof."""
 
     @property
     def grant_uid(self) -> str | None:
-        """The authoritative owner mark (labels are easy to spoof; this is checked)."""
-        return self.annotations.get(GRANT_UID_ANNOTATION)
+        """The authoritative owner mark: the grant-uid annotation, if projector wrote it."""
+        return self.annotations.get(GRANT_UID_ANNOTATION) if self.marked_by_projector else None
 
 
 # --- parsing ------------------------------------------------------------------------------------
 
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}")
+_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
+
+
+def _is_label(value: object) -> bool:
+    return isinstance(value, str) and _DNS1123_LABEL.fullmatch(value) is not None
+
+
+def _is_subdomain(value: object) -> bool:
+    return (
+        isinstance(value, str)
+        and len(value) <= 253
+        and all(_DNS1123_LABEL.fullmatch(part) for part in value.split("."))
+    )
+
+
+def _is_secret_key(value: object) -> bool:
+    return (
+        isinstance(value, str)
+        and value not in (".", "..")
+        and _SECRET_KEY.fullmatch(value) is not None
+    )
+
+
+def _strings(value: object, what: str, grant: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidGrant(grant, f"{what} must be a list of strings")
+    return value
 
 
 def parse_export_to(value: str | None) -> tuple[str, ...]:
@@ -201,34 +234,40 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
     policy = spec.get("policy") or {}
     if not src.get("namespace") or not src.get("name"):
         raise InvalidGrant(name, "spec.source.namespace and spec.source.name are required")
+    if not _is_label(src["namespace"]) or not _is_subdomain(src["name"]):
+        raise InvalidGrant(name, "spec.source must name a valid namespace and Secret")
     raw_keys = spec.get("keys")
     keys: tuple[KeyMapping, ...] | None = None
     if raw_keys is not None:
+        if not isinstance(raw_keys, list) or not raw_keys:
+            raise InvalidGrant(name, "keys, when given, must list at least one key")
+        if not all(isinstance(k, dict) and k.get("from") for k in raw_keys):
+            raise InvalidGrant(name, "every keys[] entry needs `from`")
         keys = tuple(KeyMapping(k["from"], k.get("to") or k["from"]) for k in raw_keys)
         for k in keys:
             for key in (k.src, k.dst):
-                if not _SECRET_KEY.match(key):
+                if not _is_secret_key(key):
                     raise InvalidGrant(name, f"invalid Secret key name {key!r}")
         if len({k.dst for k in keys}) != len(keys):
             raise InvalidGrant(name, "keys[].to must be unique")
-    namespaces = frozenset(target.get("namespaces") or ())
+    namespaces = frozenset(_strings(target.get("namespaces") or [], "namespaces", name))
     sel = target.get("namespaceSelector")
     selector = None
     if sel is not None:
-        selector = LabelSelector(
-            tuple(sorted((sel.get("matchLabels") or {}).items())),
-            tuple(
-                (e["key"], e["operator"], tuple(e.get("values") or ()))
-                for e in sel.get("matchExpressions") or ()
-            ),
+        exprs = tuple(
+            (e.get("key", ""), e.get("operator", ""), tuple(e.get("values") or ()))
+            for e in sel.get("matchExpressions") or ()
         )
+        if any(op not in _OPERATORS for _, op, _ in exprs):
+            raise InvalidGrant(name, f"selector operators must be one of {sorted(_OPERATORS)}")
+        selector = LabelSelector(tuple(sorted((sel.get("matchLabels") or {}).items())), exprs)
     if not namespaces and selector is None:
         raise InvalidGrant(name, "target needs namespaces or namespaceSelector")
     target_name = target.get("name") or src["name"]
-    if not _DNS1123_SUBDOMAIN.match(target_name):
+    if not _is_subdomain(target_name):
         raise InvalidGrant(name, f"target.name {target_name!r} is not a DNS-1123 subdomain")
     for ns in namespaces:
-        if not _DNS1123_LABEL.match(ns):
+        if not _is_label(ns):
             raise InvalidGrant(name, f"target namespace {ns!r} is not a DNS-1123 label")
     labels = tuple(sorted((target.get("labels") or {}).items()))
     annotations = tuple(sorted((target.get("annotations") or {}).items()))
@@ -304,6 +343,23 @@ def content_hash(
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 
 
+def own_metadata(metadata: Mapping[str, str]) -> dict[str, str]:
+    """The labels or annotations under projector's reserved prefix."""
+    return {k: v for k, v in metadata.items() if k.startswith(PREFIX)}
+
+
+def marked_by_projector(meta: Mapping[str, Any]) -> bool:
+    """Tell whether projector's field manager owns the copy's grant-uid annotation."""
+    field_ = f"f:{GRANT_UID_ANNOTATION}"
+    for entry in meta.get("managedFields") or ():
+        if entry.get("manager") != FIELD_MANAGER:
+            continue
+        fields = ((entry.get("fieldsV1") or {}).get("f:metadata") or {}).get("f:annotations")
+        if fields and field_ in fields:
+            return True
+    return False
+
+
 def parse_copy(obj: Mapping[str, Any]) -> Copy:
     """Reduce a projected Secret to metadata plus the hash of what it really stores.
 
@@ -313,6 +369,7 @@ def parse_copy(obj: Mapping[str, Any]) -> Copy:
     labels = dict(meta.get("labels") or {})
     annotations = dict(meta.get("annotations") or {})
     type_ = obj.get("type") or "Opaque"
+    immutable = bool(obj.get("immutable"))
     return Copy(
         key=ObjectKey(meta["namespace"], meta["name"]),
         uid=Uid(meta.get("uid", "")),
@@ -323,11 +380,13 @@ def parse_copy(obj: Mapping[str, Any]) -> Copy:
         observed_hash=content_hash(
             type_,
             obj.get("data") or {},
-            labels,
-            annotations,
-            immutable=bool(obj.get("immutable")),
+            own_metadata(labels),
+            own_metadata(annotations),
+            immutable=immutable,
         ),
         deleting=bool(meta.get("deletionTimestamp")),
+        immutable=immutable,
+        marked_by_projector=marked_by_projector(meta),
     )
 
 

@@ -23,6 +23,7 @@ from projector.model import (
     MANAGED_BY_VALUE,
     ON_REVOKE_ANNOTATION,
     ON_SOURCE_DELETED_ANNOTATION,
+    PREFIX,
     SOURCE_ANNOTATION,
     Copy,
     Grant,
@@ -41,7 +42,7 @@ class SourceState(StrEnum):
     AVAILABLE = "Available"
     NOT_EXPORTED = "NotExported"
     """It exists but lacks the export label: the producer has not (or no longer) opted in."""
-    MISSING = "Missing"
+    MISSING = "SourceMissing"
     """The API said 404: authoritative evidence that the source is gone."""
     UNKNOWN = "Unknown"
     """A read failed: nothing may be deleted on this."""
@@ -78,6 +79,11 @@ class Reason(StrEnum):
     WRITE_FAILED = "WriteFailed"
 
 
+UNCOPYABLE_TYPES = frozenset(
+    {"kubernetes.io/service-account-token", "bootstrap.kubernetes.io/token"}
+)
+"""Types the API server ties to their namespace; their copies are plain Opaque Secrets."""
+
 FAILURE_REASONS = frozenset(
     {
         Reason.CONFLICT,
@@ -100,14 +106,38 @@ class Desired:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     hash: str
+    """Over everything written: the content-hash annotation."""
+    core_hash: str
+    """Over type, data and projector's own metadata: compared with a copy's observed hash."""
+    extra_labels: Mapping[str, str] = field(default_factory=dict)
+    extra_annotations: Mapping[str, str] = field(default_factory=dict)
 
-    def manifest(self, namespace: str, resource_version: str | None = None) -> dict[str, object]:
-        """The Secret to send; with a resourceVersion, a PUT that fails if the copy moved on."""
+    def in_sync(self, copy: Copy) -> bool:
+        """Tell whether a stored copy already holds exactly this content and our metadata."""
+        return (
+            copy.observed_hash == self.core_hash
+            and copy.annotations.get(HASH_ANNOTATION) == self.hash
+            and all(copy.labels.get(k) == v for k, v in self.extra_labels.items())
+            and all(copy.annotations.get(k) == v for k, v in self.extra_annotations.items())
+        )
+
+    def manifest(
+        self, namespace: str, resource_version: str | None = None, keep: Copy | None = None
+    ) -> dict[str, object]:
+        """The Secret to send; with a resourceVersion, a PUT that fails if the copy moved on.
+
+        Labels and annotations others added to `keep` (the stored copy) are carried over:
+        a PUT must not erase what other tools wrote, only restore what is ours.
+        """
+        labels, annotations = dict(self.labels), dict(self.annotations)
+        if keep is not None:
+            labels = _foreign(keep.labels) | labels
+            annotations = _foreign(keep.annotations) | annotations
         meta: dict[str, object] = {
             "name": self.name,
             "namespace": namespace,
-            "labels": dict(self.labels),
-            "annotations": dict(self.annotations),
+            "labels": labels,
+            "annotations": annotations,
         }
         if resource_version:
             meta["resourceVersion"] = resource_version
@@ -118,6 +148,10 @@ class Desired:
             "type": self.type,
             "data": dict(self.data),
         }
+
+
+def _foreign(metadata: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in metadata.items() if not k.startswith(PREFIX)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,17 +235,24 @@ def desired_copy(grant: Grant, source: Source) -> Desired | str:
             k.src == k.dst for k in grant.keys
         )
         type_ = source.type if whole else "Opaque"
-    labels = dict(grant.labels)
-    labels[MANAGED_BY_LABEL] = MANAGED_BY_VALUE
-    labels[GRANT_LABEL] = grant.name
-    annotations = dict(grant.annotations)
-    annotations[GRANT_UID_ANNOTATION] = grant.uid
-    annotations[SOURCE_ANNOTATION] = str(source.key)
-    annotations[ON_REVOKE_ANNOTATION] = grant.on_revoke.value
-    annotations[ON_SOURCE_DELETED_ANNOTATION] = grant.on_source_deleted.value
+    if type_ in UNCOPYABLE_TYPES:
+        type_ = "Opaque"
+    ours = {MANAGED_BY_LABEL: MANAGED_BY_VALUE, GRANT_LABEL: grant.name}
+    our_notes = {
+        GRANT_UID_ANNOTATION: grant.uid,
+        SOURCE_ANNOTATION: str(source.key),
+        ON_REVOKE_ANNOTATION: grant.on_revoke.value,
+        ON_SOURCE_DELETED_ANNOTATION: grant.on_source_deleted.value,
+    }
+    extra_labels, extra_notes = dict(grant.labels), dict(grant.annotations)
+    labels = extra_labels | ours
+    annotations = extra_notes | our_notes
     digest = content_hash(type_, data, labels, annotations)
+    core = content_hash(type_, data, ours, our_notes)
     annotations[HASH_ANNOTATION] = digest
-    return Desired(grant.target_name, type_, data, labels, annotations, digest)
+    return Desired(
+        grant.target_name, type_, data, labels, annotations, digest, core, extra_labels, extra_notes
+    )
 
 
 def _wants(grant: Grant, source: Source | None, ns: Namespace) -> bool:
@@ -239,6 +280,8 @@ def _senior_rival(snap: Snapshot, grant: Grant, ns: Namespace) -> Grant | None:
 
 def _revoke(copy: Copy, reason: Reason, policy: OnRevoke | OnSourceDeleted) -> Step:
     """Handle a copy that is no longer wanted, by the policy it falls under."""
+    if copy.deleting:
+        return Step(copy.key.namespace, Action.NOOP, Reason.COPY_DELETING, copy, copy.key.name)
     if policy.value == "Delete":
         return Step(copy.key.namespace, Action.DELETE, reason, copy, copy.key.name)
     return Step(copy.key.namespace, Action.NOOP, Reason.RETAINED, copy, copy.key.name)
@@ -262,8 +305,9 @@ def plan(snap: Snapshot) -> Plan:
     for c in snap.copies:
         by_key[c.key] = c
         uid = c.grant_uid
-        if (grant is not None and uid == grant.uid) or (
-            c.labels.get(GRANT_LABEL) == snap.grant_name and uid not in snap.live_grant_uids
+        if uid and (
+            (grant is not None and uid == grant.uid)
+            or (c.labels.get(GRANT_LABEL) == snap.grant_name and uid not in snap.live_grant_uids)
         ):
             owned[c.key] = c
 
@@ -275,7 +319,10 @@ def plan(snap: Snapshot) -> Plan:
     handled: set[ObjectKey] = set()
     desired: Desired | None = None
     missing_key = ""
-    source = snap.source if snap.source_state is SourceState.AVAILABLE else None
+    state = snap.source_state
+    if state is SourceState.AVAILABLE and snap.source is None:
+        state = SourceState.UNKNOWN  # an inconsistent snapshot is uncertainty, not absence
+    source = snap.source if state is SourceState.AVAILABLE else None
     if source is not None:
         built = desired_copy(grant, source)
         if isinstance(built, Desired):
@@ -283,12 +330,11 @@ def plan(snap: Snapshot) -> Plan:
         else:
             missing_key = built
 
-    if grant.selector is None:
-        candidates: Iterable[str] = sorted(grant.namespaces)
-    else:
-        candidates = sorted(n for n, ns in snap.namespaces.items() if grant.targets(n, ns.labels))
+    candidates = set(grant.namespaces)
+    if grant.selector is not None:
+        candidates.update(n for n, ns in snap.namespaces.items() if grant.targets(n, ns.labels))
     matched = 0
-    for name in candidates:
+    for name in sorted(candidates):
         key = ObjectKey(name, grant.target_name)
         existing = by_key.get(key)
         if existing is None and snap.copies_at is not None:
@@ -316,7 +362,6 @@ def plan(snap: Snapshot) -> Plan:
         if ns.terminating:
             steps.append(Step(name, Action.NOOP, Reason.TERMINATING, existing, key.name))
             continue
-        state = snap.source_state
         if state is SourceState.UNKNOWN:
             steps.append(Step(name, Action.NOOP, Reason.SOURCE_UNKNOWN, existing, key.name))
             continue
@@ -367,33 +412,47 @@ def plan(snap: Snapshot) -> Plan:
                 )
             )
             continue
-        steps.append(_converge(grant, desired, name, existing, snap.live_grant_uids))
+        steps.append(_converge(snap, grant, desired, ns, existing))
 
     # Owned copies the grant no longer wants here (untargeted namespace, renamed target).
     for key, copy in owned.items():
         if key in handled:
             continue
-        if snap.source_state is SourceState.UNKNOWN:
+        if state is SourceState.UNKNOWN:
             steps.append(Step(key.namespace, Action.NOOP, Reason.SOURCE_UNKNOWN, copy, key.name))
         else:
             steps.append(_revoke(copy, Reason.REVOKED, grant.on_revoke))
-    return Plan(snap.grant_name, grant, snap.source_state, desired, tuple(steps), matched)
+    return Plan(snap.grant_name, grant, state, desired, tuple(steps), matched)
 
 
 def _converge(
-    grant: Grant, desired: Desired, ns: str, existing: Copy | None, live: frozenset[str]
+    snap: Snapshot, grant: Grant, desired: Desired, ns: Namespace, existing: Copy | None
 ) -> Step:
-    """Bring the copy in one wanted namespace to the desired content, if it is ours to write."""
+    """Bring the copy in one wanted namespace to the desired content, if it is ours to write.
+
+    Ours: it carries this grant's uid; or it is an orphan of an earlier grant of the same name
+    (its uid names no live grant); or its owner is a younger grant that also wants it here
+    (the older grant wins). Anything else, an unmarked Secret included, is a Conflict.
+    """
     name = desired.name
     if existing is None:
-        return Step(ns, Action.CREATE, Reason.PROJECTED, None, name)
+        return Step(ns.name, Action.CREATE, Reason.PROJECTED, None, name)
     owner = existing.grant_uid
     if owner != grant.uid:
-        orphan = owner not in live and existing.labels.get(GRANT_LABEL) == grant.name
-        rival_gave_way = owner in live  # live owner is junior or no longer wants it
-        if not (orphan or rival_gave_way) or owner is None:
+        orphan = (
+            bool(owner)
+            and owner not in snap.live_grant_uids
+            and existing.labels.get(GRANT_LABEL) == grant.name
+        )
+        junior = any(
+            r.uid == owner
+            and r.seniority > grant.seniority
+            and _wants(r, snap.rival_sources.get(r.source), ns)
+            for r in snap.rivals
+        )
+        if not (orphan or junior):
             return Step(
-                ns,
+                ns.name,
                 Action.NOOP,
                 Reason.CONFLICT,
                 existing,
@@ -401,18 +460,17 @@ def _converge(
                 message="a Secret of that name exists and is not owned by this grant",
             )
     if existing.deleting:
-        return Step(ns, Action.NOOP, Reason.COPY_DELETING, existing, name)
-    if existing.type != desired.type:
+        return Step(ns.name, Action.NOOP, Reason.COPY_DELETING, existing, name)
+    if existing.type != desired.type or existing.immutable:
         return Step(
-            ns,
+            ns.name,
             Action.REPLACE,
             Reason.PROJECTED,
             existing,
             name,
-            message=f"type {existing.type} -> {desired.type}",
+            message=f"type {existing.type} -> {desired.type}"
+            if existing.type != desired.type
+            else "the copy was made immutable",
         )
-    in_sync = (
-        existing.observed_hash == desired.hash
-        and existing.annotations.get(HASH_ANNOTATION) == desired.hash
-    )
-    return Step(ns, Action.NOOP if in_sync else Action.UPDATE, Reason.PROJECTED, existing, name)
+    action = Action.NOOP if desired.in_sync(existing) else Action.UPDATE
+    return Step(ns.name, action, Reason.PROJECTED, existing, name)

@@ -45,11 +45,7 @@ def compute(plan: Plan, outcomes: Sequence[Outcome]) -> dict[str, Any]:
     projected = counts[Reason.PROJECTED]
     conflicted = counts[Reason.CONFLICT] + counts[Reason.GRANT_CONFLICT]
     denied = counts[Reason.DENIED]
-    failures = [
-        {"namespace": o.namespace, "reason": o.reason.value, "message": o.message}
-        for o in sorted(outcomes, key=lambda o: o.namespace)
-        if o.reason in FAILURE_REASONS
-    ]
+    failures = _failures(outcomes)
     errors = [o for o in outcomes if o.reason is Reason.WRITE_FAILED]
     source_ok = plan.source_state is SourceState.AVAILABLE and counts[Reason.KEY_MISSING] == 0
     if plan.source_state is SourceState.AVAILABLE and counts[Reason.KEY_MISSING]:
@@ -59,7 +55,12 @@ def compute(plan: Plan, outcomes: Sequence[Outcome]) -> dict[str, Any]:
         source_msg = {
             SourceState.AVAILABLE: "the source Secret is exported",
             SourceState.NOT_EXPORTED: "the source Secret lacks the export label",
-            SourceState.MISSING: "the source Secret does not exist; last copies kept per policy",
+            SourceState.MISSING: "the source Secret does not exist"
+            + (
+                "; copies deleted"
+                if grant is not None and grant.on_source_deleted.value == "Delete"
+                else "; last good copies kept"
+            ),
             SourceState.UNKNOWN: "the source Secret could not be read",
         }[plan.source_state]
     if not source_ok:
@@ -92,8 +93,19 @@ def compute(plan: Plan, outcomes: Sequence[Outcome]) -> dict[str, Any]:
             "conflicted": conflicted,
             "denied": denied,
         },
-        "failures": failures[:MAX_FAILURES],
+        "failures": failures,
     }
+
+
+def _failures(outcomes: Iterable[Outcome]) -> list[dict[str, str]]:
+    """The failures an admin must act on, sorted by namespace, at most MAX_FAILURES."""
+    failing = sorted(
+        (o for o in outcomes if o.reason in FAILURE_REASONS), key=lambda o: o.namespace
+    )
+    return [
+        {"namespace": o.namespace, "reason": o.reason.value, "message": o.message}
+        for o in failing[:MAX_FAILURES]
+    ]
 
 
 def merge_transition_times(new: dict[str, Any], old: Mapping[str, Any] | None, now: str) -> None:
@@ -141,7 +153,9 @@ def events(outcomes: Iterable[Outcome], old: Mapping[str, Any] | None) -> list[E
         if n:
             out.append(Event("Normal", verb, f"{verb.lower()} {n} cop{'y' if n == 1 else 'ies'}"))
     known = {(f.get("namespace"), f.get("reason")) for f in (old or {}).get("failures") or ()}
-    for o in outcomes:
-        if o.reason in FAILURE_REASONS and (o.namespace, o.reason.value) not in known:
-            out.append(Event("Warning", o.reason.value, f"{o.namespace}: {o.message}".rstrip(": ")))
+    for f in _failures(outcomes):  # the same bounded list the status keeps: no repeats
+        if (f["namespace"], f["reason"]) not in known:
+            out.append(
+                Event("Warning", f["reason"], f"{f['namespace']}: {f['message']}".rstrip(": "))
+            )
     return out

@@ -22,7 +22,7 @@ from tenacity.wait import wait_base
 
 from projector.errors import ApiError, Conflict, Forbidden, NotFound, TooManyRequests
 from projector.kube import SECRETS, Kube
-from projector.model import GRANT_UID_ANNOTATION
+from projector.model import GRANT_UID_ANNOTATION, marked_by_projector
 from projector.reconcile import Action, Desired, Outcome, Plan, Reason, Step
 
 WriteHook = Callable[[Step, str], None]
@@ -107,7 +107,7 @@ class Writer:
                 return deleted
             return await self._create(plan, step, desired)
         if step.action is Action.UPDATE and step.existing is not None:
-            body = desired.manifest(ns, step.existing.resource_version)
+            body = desired.manifest(ns, step.existing.resource_version, keep=step.existing)
             try:
                 await self.kube.replace(SECRETS, body, namespace=ns)
             except NotFound:
@@ -133,7 +133,8 @@ class Writer:
         meta = await self.kube.get(SECRETS, desired.name, namespace=ns, metadata_only=True)
         meta = meta.get("metadata") or {}
         grant = plan.grant
-        if grant is None or (meta.get("annotations") or {}).get(GRANT_UID_ANNOTATION) != grant.uid:
+        owner = (meta.get("annotations") or {}).get(GRANT_UID_ANNOTATION)
+        if grant is None or owner != grant.uid or not marked_by_projector(meta):
             return Outcome(
                 step, Reason.CONFLICT, "a Secret of that name exists and is not owned by this grant"
             )

@@ -185,7 +185,7 @@ def test_source_deleted_follows_on_source_deleted(
     g = k8s.grant((src, "hub"), namespaces=[a], on_source_deleted=policy)
     eventually(lambda: k8s.copy_data(a, "hub") == DATA)
     core_v1.delete_namespaced_secret("hub", src)
-    eventually(lambda: (k8s.condition(g, "SourceAvailable") or {}).get("reason") == "Missing")
+    eventually(lambda: (k8s.condition(g, "SourceAvailable") or {}).get("reason") == "SourceMissing")
     if policy == "Delete":
         eventually(lambda: k8s.copy(a, "hub") is None)
     else:
@@ -245,10 +245,20 @@ def test_drift_is_corrected(
     eventually(lambda: k8s.copy_data(a, "hub") == DATA)
     k8s.patch_secret(a, "hub", {"data": {"token": "CANARY-tampered", "extra": "CANARY-extra"}})
     eventually(lambda: k8s.copy_data(a, "hub") == DATA)
-    k8s.patch_secret(a, "hub", {"metadata": {"labels": {"sneaky": "yes"}}})
-    eventually(lambda: "sneaky" not in (k8s.copy(a, "hub").metadata.labels or {}))
+    source_note = "projector.nebari.dev/source"
+    k8s.patch_secret(a, "hub", {"metadata": {"annotations": {source_note: "elsewhere/x"}}})
+    eventually(lambda: k8s.copy(a, "hub").metadata.annotations[source_note] == f"{src}/hub")
+    # Metadata that other tools add is theirs: tolerated, not fought over.
+    before = controller.reconciles()
+    k8s.patch_secret(a, "hub", {"metadata": {"labels": {"team": "blue"}}})
+    eventually(lambda: controller.reconciles() > before and controller.settled())
+    assert k8s.copy(a, "hub").metadata.labels["team"] == "blue"
+    k8s.patch_secret(src, "hub", {"data": {"other": "CANARY-other-2"}})  # a real update ...
+    eventually(lambda: (k8s.copy_data(a, "hub") or {}).get("other") == "CANARY-other-2")
+    assert k8s.copy(a, "hub").metadata.labels["team"] == "blue"  # ... keeps their label
+    data2 = {**DATA, "other": "CANARY-other-2"}
     core_v1.delete_namespaced_secret("hub", a)
-    eventually(lambda: k8s.copy_data(a, "hub") == DATA)
+    eventually(lambda: k8s.copy_data(a, "hub") == data2)
     assert controller.metric("projector_drift_corrections_total") >= 1
 
 
@@ -268,7 +278,6 @@ def test_unowned_target_is_left_alone(
     k8s.delete_grant(g)
     eventually(lambda: controller.reconciles() > before and controller.settled())
     assert k8s.copy_data(a, "hub") == theirs
-    assert controller.metric("projector_writes_total", action="Delete") == 0
 
 
 def test_labelled_secret_in_ungranted_namespace_never_receives_data(
@@ -309,9 +318,10 @@ def test_two_grants_on_one_target_older_wins(
     s1, s2, a = make_namespace(), make_namespace(), make_namespace()
     k8s.source(s1, "one", {"v": "CANARY-one"}, export_to="*")
     k8s.source(s2, "two", {"v": "CANARY-two"}, export_to="*")
-    older = k8s.grant((s1, "one"), namespaces=[a], target_name="shared")
+    # creationTimestamp has 1 s resolution: names break a tie, so make them agree with age.
+    older = k8s.grant((s1, "one"), namespaces=[a], target_name="shared", name=f"{a}-a")
     eventually(lambda: k8s.copy_data(a, "shared") == {"v": "CANARY-one"})
-    younger = k8s.grant((s2, "two"), namespaces=[a], target_name="shared")
+    younger = k8s.grant((s2, "two"), namespaces=[a], target_name="shared", name=f"{a}-b")
     assert eventually(lambda: failures(k8s, younger).get(a)) == "GrantConflict"
     assert k8s.copy_data(a, "shared") == {"v": "CANARY-one"}
     ready(k8s, older)
@@ -407,13 +417,14 @@ def test_restart_with_everything_up_to_date_writes_nothing(
     src = make_namespace()
     targets = [make_namespace() for _ in range(3)]
     k8s.source(src, "hub", DATA, export_to="*")
-    first = start_controller()
+    first = start_controller("--debounce=0")
     g = k8s.grant((src, "hub"), namespaces=targets)
     conflicted = make_namespace()
     k8s.source(conflicted, "hub", {"x": "CANARY-x"}, exported=False)
     k8s.patch_grant(g, {"spec": {"target": {"namespaces": [*targets, conflicted]}}})
     eventually(lambda: failures(k8s, g).get(conflicted) == "Conflict")
     eventually(lambda: all(k8s.copy_data(ns, "hub") == DATA for ns in targets))
+    eventually(first.settled)
     versions = {ns: k8s.copy(ns, "hub").metadata.resource_version for ns in targets}
     grant_rv = k8s.get_grant(g)["metadata"]["resourceVersion"]
     assert first.stop() == 0

@@ -1,0 +1,149 @@
+"""The informer's state machine on a scripted API: relist on 410, health on errors.
+
+The real API server is used in tests/integration/test_informer.py; what it cannot be made to
+do on demand (answer 410 Gone) is scripted here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from projector.errors import Gone, ServerError
+from projector.informer import Informer
+from projector.kube import SECRETS, Kube, Obj
+
+
+def obj(name: str, rv: str, v: str = "x") -> Obj:
+    return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": rv}, "data": {"v": v}}
+
+
+class ScriptedKube:
+    """list() serves `objects`; each watch() plays the next script: events, then an error."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, Obj] = {}
+        self.rv = "10"
+        self.lists = 0
+        self.watch_rvs: list[str] = []
+        self.scripts: list[tuple[list[tuple[str, Obj]], BaseException | None]] = []
+        self.idle = asyncio.Event()
+        self.later: tuple[dict[str, Obj], str] | None = None
+        """What later lists return: the world as it moved on meanwhile."""
+
+    async def list(self, _res: Any, **_kw: Any) -> tuple[list[Obj], str]:
+        self.lists += 1
+        if self.later is not None and self.lists > 1:
+            self.objects, self.rv = self.later
+        return list(self.objects.values()), self.rv
+
+    async def watch(
+        self, _res: Any, *, resource_version: str, **_kw: Any
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        self.watch_rvs.append(resource_version)
+        if not self.scripts:
+            yield "OPEN", {}
+            self.idle.set()
+            await asyncio.Event().wait()  # a quiet, healthy watch
+            return
+        events, error = self.scripts.pop(0)
+        yield "OPEN", {}
+        for e in events:
+            yield e
+        if error is not None:
+            raise error
+
+
+@contextlib.asynccontextmanager
+async def running(inf: Informer[str, Any]) -> AsyncIterator[None]:
+    task = asyncio.create_task(inf.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def informer(kube: ScriptedKube, changes: list[tuple[Any, Any]]) -> Informer[str, Any]:
+    fake: Kube = kube  # type: ignore[assignment]
+    return Informer(
+        fake,
+        SECRETS,
+        parse=lambda o: o["data"]["v"],
+        key=lambda o: o["metadata"]["name"],
+        on_change=lambda old, new: changes.append((old, new)),
+        backoff=(0.0, 0.0),
+    )
+
+
+async def test_410_relists_and_reports_what_vanished_as_deleted() -> None:
+    kube = ScriptedKube()
+    kube.objects = {"a": obj("a", "5"), "b": obj("b", "6")}
+    kube.scripts = [([("MODIFIED", obj("a", "11", "y"))], Gone(410, "Expired"))]
+    changes: list[tuple[Any, Any]] = []
+    inf = informer(kube, changes)
+    # While the first watch plays, the world moves on: b is deleted, c appears (missed events).
+    kube.later = ({"a": obj("a", "11", "y"), "c": obj("c", "12")}, "20")
+    async with running(inf):
+        await asyncio.wait_for(kube.idle.wait(), 5)
+    assert kube.lists == 2  # initial list + relist after 410
+    assert kube.watch_rvs == ["10", "20"]  # the relist's version, never the expired one
+    assert dict(inf.items) == {"a": "y", "c": "x"}
+    assert (None, "x") in changes  # c added by the relist
+    assert ("x", None) in changes  # b deleted by the relist (authoritative: a fresh list)
+    assert inf.synced.is_set() and inf.healthy.is_set()
+
+
+async def test_broken_watch_resumes_from_last_version_and_is_unhealthy_meanwhile() -> None:
+    kube = ScriptedKube()
+    kube.objects = {"a": obj("a", "5")}
+    kube.scripts = [([("ADDED", obj("b", "15"))], ServerError(0, "ReadTimeout"))]
+    changes: list[tuple[Any, Any]] = []
+    inf = informer(kube, changes)
+    health: list[bool] = []
+    orig = inf.healthy.clear
+
+    def clear() -> None:
+        health.append(False)
+        orig()
+
+    inf.healthy.clear = clear  # type: ignore[method-assign]
+    async with running(inf):
+        await asyncio.wait_for(kube.idle.wait(), 5)
+    assert kube.lists == 1  # a broken connection resumes; only 410 relists
+    assert kube.watch_rvs == ["10", "15"]
+    assert health.count(False) == 2  # before the first list, and when the watch broke
+    assert dict(inf.items) == {"a": "x", "b": "x"}
+    assert inf.healthy.is_set()
+
+
+async def test_bookmarks_move_the_version_without_changes() -> None:
+    kube = ScriptedKube()
+    kube.scripts = [([("BOOKMARK", {"metadata": {"resourceVersion": "99"}})], None)]
+    changes: list[tuple[Any, Any]] = []
+    inf = informer(kube, changes)
+    async with running(inf):
+        await asyncio.wait_for(kube.idle.wait(), 5)
+    assert kube.watch_rvs == ["10", "99"]
+    assert changes == []
+
+
+async def test_unparseable_object_is_skipped_not_fatal() -> None:
+    kube = ScriptedKube()
+    kube.scripts = [
+        (
+            [
+                ("ADDED", {"metadata": {"name": "bad", "resourceVersion": "11"}}),
+                ("ADDED", obj("good", "12")),
+            ],
+            None,
+        )
+    ]
+    changes: list[tuple[Any, Any]] = []
+    inf = informer(kube, changes)
+    async with running(inf):
+        await asyncio.wait_for(kube.idle.wait(), 5)
+    assert dict(inf.items) == {"good": "x"}
