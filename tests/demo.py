@@ -72,27 +72,26 @@ class Story:
 
 def apply(api: client.ApiClient, path: Path) -> None:
     """Create each object, or replace it if it exists (so the demo can run again)."""
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     for doc in yaml.safe_load_all(path.read_text()):
-        if not doc or doc.get("kind") == "Kustomization":
+        if not doc:
             continue
+        meta = doc["metadata"]
         try:
-            utils.create_from_dict(api, doc)
-        except utils.FailToCreateError as e:
-            if any(getattr(x, "status", 0) != 409 for x in e.api_exceptions):
+            if doc["kind"] == "ProjectionGrant":
+                custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, doc)
+            else:
+                utils.create_from_dict(api, doc)
+        except (client.ApiException, utils.FailToCreateError) as e:
+            codes = [x.status for x in getattr(e, "api_exceptions", [e])]
+            if any(c != 409 for c in codes):
                 raise
             if doc["kind"] == "Secret":
-                client.CoreV1Api(api).replace_namespaced_secret(
-                    doc["metadata"]["name"], doc["metadata"]["namespace"], doc
-                )
+                core.replace_namespaced_secret(meta["name"], meta["namespace"], doc)
             elif doc["kind"] == "ProjectionGrant":
-                custom = client.CustomObjectsApi(api)
-                old = custom.get_cluster_custom_object(
-                    GROUP, VERSION, PLURAL, doc["metadata"]["name"]
-                )
-                doc["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-                custom.replace_cluster_custom_object(
-                    GROUP, VERSION, PLURAL, doc["metadata"]["name"], doc
-                )
+                old = custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, meta["name"])
+                meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+                custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, meta["name"], doc)
 
 
 def secret_data(core: client.CoreV1Api, ns: str, name: str) -> dict[str, str] | None:
@@ -127,20 +126,19 @@ def main(argv: list[str] | None = None) -> int:
         default=str(REPO / ".local" / "cluster"),
         help="control plane directory (started with `make cluster-up` if needed)",
     )
+    p.add_argument(
+        "--kubeconfig",
+        default=str(REPO / ".local" / "kubeconfig"),
+        help="where the admin kubeconfig is written",
+    )
     a = p.parse_args(argv)
-    root = Path(a.root)
+    root, admin = Path(a.root), Path(a.kubeconfig)
     print(
         paint("projector demo", "1") + ": cross-namespace contract Secrets, only where "
         "an admin grant and the producer's opt-in agree\n"
     )
-    if (
-        subprocess.run(
-            [sys.executable, "-m", "tests.controlplane", "up", "--root", str(root)],
-            cwd=REPO,
-            check=False,
-        ).returncode
-        != 0
-    ):
+    up = ["up", "--root", str(root), "--kubeconfig", str(admin)]
+    if subprocess.run([sys.executable, "-m", "tests.controlplane", *up], cwd=REPO).returncode:
         print(paint("could not start the local control plane", "31"))
         return 1
     plane = ControlPlane.load(root)
@@ -191,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(
         paint(f"all {story.n} steps observed.", "1;32")
-        + f" The control plane is still up: KUBECONFIG={plane.kubeconfig}; stop it with "
+        + f" The control plane is still up: KUBECONFIG={admin}; stop it with "
         "`make cluster-down`."
     )
     return 0
