@@ -2,8 +2,11 @@
 
 A grant `g` projects `src/hub` (every key, type Opaque, exported to `*`) into namespaces `a`
 and `b`; tests override only what their case is about. Copies are built the way the informer
-builds them, through `parse_copy` of a stored Secret, so `observed_hash` is what it would be in a
-cluster; `simulate` applies a plan's writes the way the writer would, to check convergence.
+builds them, through `parse_copy` of a stored Secret (for our copies: the manifest the writer
+sends, `Desired.manifest`), so `observed_hash` is what it would be in a cluster (type, data and
+projector's own metadata only), and so is the ownership proof: the managedFields that say
+projector's field manager wrote the grant-uid annotation. `simulate` applies a plan's writes the
+way the writer would (an Update keeps what others added to the copy), to check convergence.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from projector.model import (
+    FIELD_MANAGER,
     GRANT_LABEL,
     GRANT_UID_ANNOTATION,
     Copy,
@@ -35,6 +39,8 @@ SRC_NS = "src"
 SRC_NAME = "hub"
 T0 = "2024-01-01T00:00:00Z"
 T1 = "2024-06-01T00:00:00Z"
+BY_HAND = "kubectl-client-side-apply"
+"""The field manager of a Secret someone wrote with kubectl (say, copied from a real copy)."""
 
 
 def b64(text: str) -> str:
@@ -129,8 +135,13 @@ def stored_secret(
     resource_version: str = "1",
     deleting: bool = False,
     immutable: bool = False,
+    managers: Mapping[str, Iterable[str]] | None = None,
 ) -> dict[str, Any]:
-    """A Secret as the API server returns it."""
+    """A Secret as the API server returns it.
+
+    `managers` maps a field manager to the annotation keys it owns (managedFields); each
+    manager also owns the data, the type and the labels it is listed with.
+    """
     meta: dict[str, Any] = {
         "namespace": namespace,
         "name": name,
@@ -139,12 +150,45 @@ def stored_secret(
         "labels": dict(labels or {}),
         "annotations": dict(annotations or {}),
     }
+    if managers:
+        meta["managedFields"] = [
+            managed_fields(manager, keys, labels=meta["labels"], data=data or {})
+            for manager, keys in managers.items()
+        ]
     if deleting:
         meta["deletionTimestamp"] = T1
     obj: dict[str, Any] = {"metadata": meta, "type": type_, "data": dict(data or {})}
     if immutable:
         obj["immutable"] = True
     return obj
+
+
+def managed_fields(
+    manager: str,
+    annotations: Iterable[str],
+    *,
+    labels: Iterable[str] = (),
+    data: Iterable[str] = (),
+) -> dict[str, Any]:
+    """One managedFields entry (an Update, FieldsV1) owning these keys."""
+    meta: dict[str, Any] = {}
+    if labels:
+        meta["f:labels"] = {".": {}, **{f"f:{k}": {} for k in labels}}
+    notes = list(annotations)
+    if notes:
+        meta["f:annotations"] = {".": {}, **{f"f:{k}": {} for k in notes}}
+    return {
+        "manager": manager,
+        "operation": "Update",
+        "apiVersion": "v1",
+        "time": T0,
+        "fieldsType": "FieldsV1",
+        "fieldsV1": {
+            "f:data": {f"f:{k}": {} for k in data},
+            "f:metadata": meta,
+            "f:type": {},
+        },
+    }
 
 
 def _patched(base: Mapping[str, str], changes: Mapping[str, str | None] | None) -> dict[str, str]:
@@ -167,25 +211,67 @@ def copy_from(
     labels: Mapping[str, str | None] | None = None,
     annotations: Mapping[str, str | None] | None = None,
     deleting: bool = False,
+    immutable: bool = False,
     resource_version: str = "7",
+    uid_written_by: str = FIELD_MANAGER,
 ) -> Copy:
-    """The copy a writer stored from `desired`, then optionally edited by someone.
+    """The copy a writer stored from `desired` (its manifest), then optionally edited by someone.
 
-    `labels`/`annotations` patch the stored metadata (a None value removes the key).
+    `labels`/`annotations` patch the stored metadata (a None value removes the key). The
+    grant-uid annotation, whatever its value, was written by projector unless `uid_written_by`
+    names another field manager (someone wrote the mark by hand).
     """
-    name = name or desired.name
     return parse_copy(
-        stored_secret(
-            namespace,
-            name,
-            type_=type_ or desired.type,
-            data=desired.data if data is None else data,
-            labels=_patched(desired.labels, labels),
-            annotations=_patched(desired.annotations, annotations),
-            uid=f"uid-copy-{namespace}-{name}",
-            resource_version=resource_version,
+        stored_manifest(
+            desired.manifest(namespace),
+            name=name,
+            data=data,
+            type_=type_,
+            labels=labels,
+            annotations=annotations,
             deleting=deleting,
+            immutable=immutable,
+            resource_version=resource_version,
+            uid_written_by=uid_written_by,
         )
+    )
+
+
+def stored_manifest(
+    manifest: Mapping[str, Any],
+    *,
+    name: str | None = None,
+    data: Mapping[str, str] | None = None,
+    type_: str | None = None,
+    labels: Mapping[str, str | None] | None = None,
+    annotations: Mapping[str, str | None] | None = None,
+    deleting: bool = False,
+    immutable: bool = False,
+    resource_version: str = "7",
+    uid_written_by: str = FIELD_MANAGER,
+) -> dict[str, Any]:
+    """A manifest the writer sent (with fieldManager=projector), as the API server then
+    returns it; `labels`... are edits made since, and `uid_written_by` owns the grant-uid mark."""
+    meta = manifest["metadata"]
+    namespace = meta["namespace"]
+    name = name or meta["name"]
+    stored_notes = _patched(meta["annotations"], annotations)
+    ours = [k for k in stored_notes if k != GRANT_UID_ANNOTATION]
+    uid_mark = [GRANT_UID_ANNOTATION] if GRANT_UID_ANNOTATION in stored_notes else []
+    managers: dict[str, list[str]] = {FIELD_MANAGER: ours}
+    managers[uid_written_by] = managers.get(uid_written_by, []) + uid_mark
+    return stored_secret(
+        namespace,
+        name,
+        type_=type_ or manifest["type"],
+        data=manifest["data"] if data is None else data,
+        labels=_patched(meta["labels"], labels),
+        annotations=stored_notes,
+        uid=f"uid-copy-{namespace}-{name}",
+        resource_version=resource_version,
+        deleting=deleting,
+        immutable=immutable,
+        managers=managers,
     )
 
 
@@ -197,8 +283,9 @@ def foreign_secret(
     annotations: Mapping[str, str] | None = None,
     type_: str = "Opaque",
     deleting: bool = False,
+    immutable: bool = False,
 ) -> Copy:
-    """A Secret that someone else wrote at a place a grant may write."""
+    """A Secret that someone else wrote (with kubectl) at a place a grant may write."""
     return parse_copy(
         stored_secret(
             namespace,
@@ -209,6 +296,8 @@ def foreign_secret(
             annotations=annotations,
             uid=f"uid-foreign-{namespace}-{name}",
             deleting=deleting,
+            immutable=immutable,
+            managers={BY_HAND: list(annotations or {})},
         )
     )
 
@@ -270,7 +359,12 @@ def summary(p: Plan, target_name: str) -> dict[str, tuple[Action, Reason]]:
 
 
 def simulate(snap: Snapshot, p: Plan) -> Snapshot:
-    """The snapshot after the writer did a plan's writes (in `copies` and in `copies_at`)."""
+    """The snapshot after the writer did a plan's writes (in `copies` and in `copies_at`).
+
+    Like the writer: a Create or a Replace (delete, then create) stores `manifest(ns)`; an
+    Update is a PUT of `manifest(ns, resourceVersion, keep=existing)`, which carries over the
+    labels and annotations that others added to the copy.
+    """
     copies = {c.key: c for c in snap.copies}
     index = dict(snap.copies_at) if snap.copies_at is not None else None
     for s in p.writes:
@@ -279,9 +373,14 @@ def simulate(snap: Snapshot, p: Plan) -> Snapshot:
             copies.pop(key, None)
             if index is not None:
                 index.pop(key, None)
+            continue
+        assert p.desired is not None
+        if s.action is Action.UPDATE:
+            assert s.existing is not None
+            manifest = p.desired.manifest(s.namespace, s.existing.resource_version, keep=s.existing)
         else:
-            assert p.desired is not None
-            copies[key] = copy_from(p.desired, s.namespace)
-            if index is not None:
-                index[key] = copies[key]
+            manifest = p.desired.manifest(s.namespace)
+        copies[key] = parse_copy(stored_manifest(manifest, resource_version="8"))
+        if index is not None:
+            index[key] = copies[key]
     return replace(snap, copies=tuple(copies.values()), copies_at=index)

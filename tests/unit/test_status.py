@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from projector.model import Grant
+from projector.model import Grant, OnSourceDeleted
 from projector.reconcile import (
     FAILURE_REASONS,
     Action,
@@ -178,8 +178,8 @@ SOURCE_OK = ("True", "Available")
             [outcome("a", R.SOURCE_MISSING), outcome("b", R.WRITE_FAILED)],
             2,
             {
-                "Ready": ("False", "Missing"),
-                "SourceAvailable": ("False", "Missing"),
+                "Ready": ("False", "SourceMissing"),
+                "SourceAvailable": ("False", "SourceMissing"),
                 "Conflicted": NO_CONFLICT,
             },
             id="source-missing-before-write-failed",
@@ -231,6 +231,33 @@ def test_conditions(
     for c in status["conditions"]:
         assert set(c) == {"type", "status", "reason", "message", "observedGeneration"}
         assert c["message"]
+
+
+@pytest.mark.parametrize(
+    ("grant", "message"),
+    [
+        pytest.param(
+            make_grant(on_source_deleted=OnSourceDeleted.RETAIN),
+            "the source Secret does not exist; last good copies kept",
+            id="retain",
+        ),
+        pytest.param(
+            make_grant(on_source_deleted=OnSourceDeleted.DELETE),
+            "the source Secret does not exist; copies deleted",
+            id="delete",
+        ),
+        pytest.param(
+            None, "the source Secret does not exist; last good copies kept", id="no-grant"
+        ),
+    ],
+)
+def test_source_missing_message_follows_the_policy(grant: Grant | None, message: str) -> None:
+    status = compute(a_plan(SourceState.MISSING, 1, grant), [outcome("a", R.SOURCE_MISSING)])
+    by_type = {c["type"]: c for c in status["conditions"]}
+    assert SourceState.MISSING.value == "SourceMissing"
+    assert by_type["SourceAvailable"]["reason"] == "SourceMissing"
+    assert by_type["SourceAvailable"]["message"] == message
+    assert by_type["Ready"]["message"] == message
 
 
 def test_messages_count_what_they_describe() -> None:
@@ -457,15 +484,27 @@ def test_events_none_when_nothing_changed() -> None:
     assert events(outs, old) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: status.py events(): failures beyond MAX_FAILURES are cut from status.failures, "
-    "so they are never 'known' and are re-reported as Warning Events on every reconcile",
-)
 def test_events_none_when_nothing_changed_beyond_the_failure_bound() -> None:
     outs = [outcome(f"ns-{i:02}", R.CONFLICT, message="taken") for i in range(MAX_FAILURES + 5)]
     old = compute(a_plan(matched=len(outs)), outs)
     assert events(outs, old) == []
+
+
+def test_events_report_failures_from_the_bounded_sorted_list() -> None:
+    """Warnings come from the list the status keeps: the first MAX_FAILURES by namespace."""
+    names = [f"ns-{i:02}" for i in range(MAX_FAILURES + 5)]
+    outs = [outcome(n, R.CONFLICT, message="taken") for n in reversed(names)]
+    assert events(outs, None) == [
+        Event("Warning", "Conflict", f"{n}: taken") for n in names[:MAX_FAILURES]
+    ]
+    old = compute(a_plan(matched=len(outs)), outs)
+    # a new failure sorting after the bound is not in the status, so it is not told either;
+    # one sorting before it enters the status, and is told once
+    late = [*outs, outcome("zz-late", R.WRITE_FAILED, message="500")]
+    assert events(late, old) == []
+    early = [*outs, outcome("aa-early", R.WRITE_FAILED, message="500")]
+    assert events(early, old) == [Event("Warning", "WriteFailed", "aa-early: 500")]
+    assert events(early, compute(a_plan(matched=len(early)), early)) == []
 
 
 # -- the whole loop -------------------------------------------------------------------------------
