@@ -276,6 +276,20 @@ class Kube:
         body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": pre}
         await self._request("DELETE", "DELETE", res, namespace=namespace, name=name, body=body)
 
+    async def patch(
+        self, res: Resource, name: str, body: Obj, *, namespace: str | None = None
+    ) -> Obj:
+        """Merge-patch an object (no resourceVersion: last writer wins)."""
+        return await self._request(
+            "PATCH",
+            "PATCH",
+            res,
+            namespace=namespace,
+            name=name,
+            body=body,
+            content_type="application/merge-patch+json",
+        )
+
     async def patch_status(self, res: Resource, name: str, status: Obj) -> Obj:
         """Merge-patch the status subresource (one write per reconcile)."""
         return await self._request(

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NewType
+from typing import Any, NamedTuple, NewType
 
 from projector.errors import InvalidGrant
 
@@ -31,6 +31,9 @@ SOURCE_ANNOTATION = f"{PREFIX}source"
 HASH_ANNOTATION = f"{PREFIX}content-hash"
 ON_REVOKE_ANNOTATION = f"{PREFIX}on-revoke"
 ON_SOURCE_DELETED_ANNOTATION = f"{PREFIX}on-source-deleted"
+GRANT_METADATA_ANNOTATION = f"{PREFIX}grant-metadata"
+"""Which labels/annotations of a copy came from the grant's target, so that keys an admin later
+removes from the grant are removed from the copies too, while keys other tools add are kept."""
 FIELD_MANAGER = "projector"
 """The field manager of every write, and part of the ownership proof of a copy."""
 
@@ -38,9 +41,8 @@ Uid = NewType("Uid", str)
 """An object's metadata.uid: the only identity that cannot be spoofed by relabelling."""
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class ObjectKey:
-    """Namespace and name of a namespaced object."""
+class ObjectKey(NamedTuple):
+    """Namespace and name of a namespaced object (a tuple: hashed in C, it keys every cache)."""
 
     namespace: str
     name: str
@@ -143,7 +145,10 @@ class Source:
 
     def exports_to(self, namespace: str) -> bool:
         """Tell whether the producer allows a copy in `namespace` (default deny)."""
-        return any(fnmatch.fnmatchcase(namespace, p) for p in self.export_to)
+        patterns = self.export_to
+        if "*" in patterns or namespace in patterns:  # the common cases, without fnmatch
+            return True
+        return any(fnmatch.fnmatchcase(namespace, p) for p in patterns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +188,7 @@ class Copy:
 # --- parsing ------------------------------------------------------------------------------------
 
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}")
 _OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
 
@@ -195,14 +201,15 @@ def _is_subdomain(value: object) -> bool:
     return (
         isinstance(value, str)
         and len(value) <= 253
-        and all(_DNS1123_LABEL.fullmatch(part) for part in value.split("."))
+        and _DNS1123_SUBDOMAIN.fullmatch(value) is not None
     )
 
 
 def _is_secret_key(value: object) -> bool:
     return (
         isinstance(value, str)
-        and value not in (".", "..")
+        and value != "."
+        and not value.startswith("..")  # the API server reserves these (IsConfigMapKey)
         and _SECRET_KEY.fullmatch(value) is not None
     )
 

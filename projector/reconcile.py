@@ -11,12 +11,14 @@ A grant name with no live grant behind it still gets a plan: it revokes what tha
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from projector.model import (
     GRANT_LABEL,
+    GRANT_METADATA_ANNOTATION,
     GRANT_UID_ANNOTATION,
     HASH_ANNOTATION,
     MANAGED_BY_LABEL,
@@ -114,11 +116,17 @@ class Desired:
 
     def in_sync(self, copy: Copy) -> bool:
         """Tell whether a stored copy already holds exactly this content and our metadata."""
-        return (
-            copy.observed_hash == self.core_hash
-            and copy.annotations.get(HASH_ANNOTATION) == self.hash
-            and all(copy.labels.get(k) == v for k, v in self.extra_labels.items())
-            and all(copy.annotations.get(k) == v for k, v in self.extra_annotations.items())
+        if copy.observed_hash != self.core_hash:
+            return False
+        notes = copy.annotations
+        if notes.get(HASH_ANNOTATION) != self.hash:
+            return False
+        if self.extra_labels:
+            labels = copy.labels
+            if any(labels.get(k) != v for k, v in self.extra_labels.items()):
+                return False
+        return not self.extra_annotations or all(
+            notes.get(k) == v for k, v in self.extra_annotations.items()
         )
 
     def manifest(
@@ -131,8 +139,9 @@ class Desired:
         """
         labels, annotations = dict(self.labels), dict(self.annotations)
         if keep is not None:
-            labels = _foreign(keep.labels) | labels
-            annotations = _foreign(keep.annotations) | annotations
+            was = _grant_metadata(keep)
+            labels = _foreign(keep.labels, was.get("labels", ())) | labels
+            annotations = _foreign(keep.annotations, was.get("annotations", ())) | annotations
         meta: dict[str, object] = {
             "name": self.name,
             "namespace": namespace,
@@ -150,8 +159,18 @@ class Desired:
         }
 
 
-def _foreign(metadata: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in metadata.items() if not k.startswith(PREFIX)}
+def _foreign(metadata: Mapping[str, str], grants: Iterable[str]) -> dict[str, str]:
+    """Keys other tools wrote: neither projector's own nor ones a grant wrote before."""
+    skip = set(grants)
+    return {k: v for k, v in metadata.items() if not k.startswith(PREFIX) and k not in skip}
+
+
+def _grant_metadata(copy: Copy) -> dict[str, list[str]]:
+    try:
+        recorded = json.loads(copy.annotations.get(GRANT_METADATA_ANNOTATION, "{}"))
+    except ValueError:
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +236,8 @@ class Snapshot:
     """Other live grants with the same target name; the older one wins a shared copy."""
     rival_sources: Mapping[ObjectKey, Source] = field(default_factory=dict)
     copies_at: Mapping[ObjectKey, Copy] | None = None
-    """Every cached copy by key, looked up at each wanted place (the informer's own dict)."""
+    """Every cached copy by key (a superset of `copies`), looked up at each wanted place: the
+    informer's own dict, so a snapshot costs no copying."""
 
 
 def desired_copy(grant: Grant, source: Source) -> Desired | str:
@@ -244,7 +264,14 @@ def desired_copy(grant: Grant, source: Source) -> Desired | str:
         ON_REVOKE_ANNOTATION: grant.on_revoke.value,
         ON_SOURCE_DELETED_ANNOTATION: grant.on_source_deleted.value,
     }
-    extra_labels, extra_notes = dict(grant.labels), dict(grant.annotations)
+    # Reserved keys are refused by parse_grant; dropping them here keeps in_sync reachable.
+    extra_labels = {k: v for k, v in grant.labels if not k.startswith(PREFIX)}
+    extra_notes = {k: v for k, v in grant.annotations if not k.startswith(PREFIX)}
+    if extra_labels or extra_notes:
+        our_notes[GRANT_METADATA_ANNOTATION] = json.dumps(
+            {"labels": sorted(extra_labels), "annotations": sorted(extra_notes)},
+            separators=(",", ":"),
+        )
     labels = extra_labels | ours
     annotations = extra_notes | our_notes
     digest = content_hash(type_, data, labels, annotations)
@@ -301,9 +328,7 @@ def plan(snap: Snapshot) -> Plan:
     # Copies this grant name may act on: its own (by uid), or orphans of an earlier grant of the
     # same name (label matches, uid belongs to no live grant).
     owned: dict[ObjectKey, Copy] = {}
-    by_key: dict[ObjectKey, Copy] = {}
     for c in snap.copies:
-        by_key[c.key] = c
         uid = c.grant_uid
         if uid and (
             (grant is not None and uid == grant.uid)
@@ -330,16 +355,17 @@ def plan(snap: Snapshot) -> Plan:
         else:
             missing_key = built
 
+    lookup = snap.copies_at
+    if lookup is None:
+        lookup = {c.key: c for c in snap.copies}
     candidates = set(grant.namespaces)
     if grant.selector is not None:
         candidates.update(n for n, ns in snap.namespaces.items() if grant.targets(n, ns.labels))
     matched = 0
     for name in sorted(candidates):
         key = ObjectKey(name, grant.target_name)
-        existing = by_key.get(key)
-        if existing is None and snap.copies_at is not None:
-            existing = snap.copies_at.get(key)
-        mine = existing is not None and existing.key in owned
+        existing = lookup.get(key)
+        mine = existing is not None and key in owned
         if existing is not None and mine:
             handled.add(key)
         ns = snap.namespaces.get(name)

@@ -22,7 +22,7 @@ from tenacity.wait import wait_base
 
 from projector.errors import ApiError, Conflict, Forbidden, NotFound, TooManyRequests
 from projector.kube import SECRETS, Kube
-from projector.model import GRANT_UID_ANNOTATION, marked_by_projector
+from projector.model import GRANT_UID_ANNOTATION, marked_by_projector, parse_copy
 from projector.reconcile import Action, Desired, Outcome, Plan, Reason, Step
 
 WriteHook = Callable[[Step, str], None]
@@ -138,7 +138,8 @@ class Writer:
             return Outcome(
                 step, Reason.CONFLICT, "a Secret of that name exists and is not owned by this grant"
             )
-        body = desired.manifest(ns, str(meta.get("resourceVersion", "")))
+        stored = parse_copy({"metadata": {**meta, "namespace": ns, "name": desired.name}})
+        body = desired.manifest(ns, str(meta.get("resourceVersion", "")), keep=stored)
         await self.kube.replace(SECRETS, body, namespace=ns)
         return Outcome(step, Reason.PROJECTED, written=True)
 

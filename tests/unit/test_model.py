@@ -165,24 +165,6 @@ def test_parse_grant_does_not_mutate_its_input() -> None:
 
 TARGET = {"namespaces": ["dask-gateway"]}
 
-LONG_LABEL_BUG = pytest.mark.xfail(
-    strict=True,
-    raises=InvalidGrant,
-    reason="BUG: model.py _is_subdomain caps every dot-separated part at 63 characters "
-    "(_DNS1123_LABEL), but a DNS-1123 subdomain (k8s IsDNS1123Subdomain, and the CRD's own "
-    "pattern for source.name and target.name) only caps the whole name at 253: a Secret name "
-    "of 64-253 characters without a dot is valid and the API server admits the grant, yet "
-    "parse_grant rejects it (as target.name, or as source.name)",
-)
-DOT_DOT_PREFIX_BUG = pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,  # DID NOT RAISE
-    reason="BUG: model.py _is_secret_key rejects only '.' and '..', but the API server's "
-    "IsConfigMapKey (Secret data keys) also refuses any key that starts with '..': a grant "
-    "with `to: ..data` is accepted (the CRD's CEL rule has the same gap) and every Create of "
-    "its copies then fails with 422 (WriteFailed on every reconcile)",
-)
-
 
 @pytest.mark.parametrize(
     ("spec", "why"),
@@ -287,7 +269,6 @@ DOT_DOT_PREFIX_BUG = pytest.mark.xfail(
         pytest.param(
             {"keys": [{"from": "token", "to": "..data"}]},
             "invalid Secret key",
-            marks=DOT_DOT_PREFIX_BUG,
             id="to-starts-with-dot-dot",
         ),
         pytest.param(
@@ -400,12 +381,9 @@ def test_parse_grant_rejects(spec: dict[str, Any], why: str) -> None:
         pytest.param({"keys": [{"from": ".a"}, {"from": "a..b", "to": "b."}]}, id="dotted-keys"),
         pytest.param({"target": {**TARGET, "name": "a.b.c"}}, id="name-three-labels"),
         pytest.param({"target": {**TARGET, "name": f"{'a' * 63}.{'b' * 63}"}}, id="name-63-labels"),
-        pytest.param(
-            {"target": {**TARGET, "name": "h" * 253}}, marks=LONG_LABEL_BUG, id="name-253"
-        ),
+        pytest.param({"target": {**TARGET, "name": "h" * 253}}, id="name-253"),
         pytest.param(
             {"source": {"namespace": "jupyterhub", "name": "hub-" + "x" * 96}},
-            marks=LONG_LABEL_BUG,
             id="source-name-100-chars",
         ),
         pytest.param({"source": {"namespace": "n" * 63, "name": "hub"}}, id="source-ns-63-chars"),

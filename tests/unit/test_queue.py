@@ -428,9 +428,10 @@ async def test_drain_waits_until_nothing_is_processing() -> None:
 
 # -- stateful property test against a model -------------------------------------------------------
 
-KEYS = st.sampled_from(["a", "b", "c", "d"])
+KEYS = st.sampled_from(["a", "b"])  # few keys: most operations interact
+RARELY = st.integers(min_value=0, max_value=7)  # a rule with this argument acts one time in 8
 # Integral times and delays keep the model's float arithmetic, and so deadline ties, exact.
-DEBOUNCE, DEBOUNCE_MAX, BACKOFF_BASE, BACKOFF_MAX = 3.0, 8.0, 1.0, 4.0
+DEBOUNCE, DEBOUNCE_MAX, BACKOFF_BASE, BACKOFF_MAX = 3.0, 5.0, 1.0, 4.0
 
 
 def run_now(coro: Coroutine[Any, Any, str]) -> str:
@@ -447,7 +448,7 @@ def run_now(coro: Coroutine[Any, Any, str]) -> str:
     raise AssertionError("get() suspended")
 
 
-@settings(max_examples=80, stateful_step_count=30, deadline=None)
+@settings(max_examples=50, stateful_step_count=30, deadline=None)
 class QueueMachine(RuleBasedStateMachine):
     """Drive the queue and a plain model side by side.
 
@@ -546,13 +547,21 @@ class QueueMachine(RuleBasedStateMachine):
             p[3] = self._next_seq()
         p[0] = target
 
+    @rule(key=KEYS, gaps=st.lists(st.integers(min_value=0, max_value=2), max_size=6))
+    def burst(self, key: str, gaps: list[int]) -> None:
+        """Add one key again and again with short gaps: the debounce window's own workload."""
+        for gap in gaps:
+            self.add(key)
+            self.advance(gap)
+            self.matches_model()
+
     @rule(key=KEYS)
     def add_now(self, key: str) -> None:
         self.queue.add_now(key)
         if self._accepts(key):
             self._make_dirty(key)
 
-    @rule(key=KEYS, delay=st.integers(min_value=-1, max_value=8))
+    @rule(key=KEYS, delay=st.integers(min_value=-1, max_value=6))
     def add_after(self, key: str, delay: int) -> None:
         self.queue.add_after(key, delay)
         self._add_after(key, delay)
@@ -584,13 +593,7 @@ class QueueMachine(RuleBasedStateMachine):
     def done(self, data: st.DataObject) -> None:
         self._done(data.draw(st.sampled_from(sorted(self.processing))))
 
-    @rule(key=KEYS)
-    def done_unknown(self, key: str) -> None:
-        if key not in self.processing:
-            with pytest.raises(ValueError):
-                self.queue.done(key)
-
-    @rule(seconds=st.integers(min_value=0, max_value=6))
+    @rule(seconds=st.integers(min_value=0, max_value=2))  # small ticks: every deadline is seen
     def advance(self, seconds: float) -> None:
         self.clock.t += seconds
         self.queue.poll()
@@ -599,20 +602,26 @@ class QueueMachine(RuleBasedStateMachine):
             self._make_dirty(key)
 
     @precondition(lambda self: not self.shut)
-    @rule()
-    def shut_down(self) -> None:
+    @rule(roll=RARELY)
+    def shut_down(self, roll: int) -> None:
+        if roll:
+            return  # shutting down ends all interesting behaviour: keep it rare
         self.queue.shut_down()
         self.shut = True
         self.pending.clear()
         self.owed &= self.dirty
 
     @precondition(lambda self: not self.shut)
-    @rule()
+    @rule(roll=RARELY)
+    def settle_sometimes(self, roll: int) -> None:
+        if not roll:
+            self.settle()
+
     def settle(self) -> None:
         """Finish all work and let time pass: everything owed comes out, then all is idle."""
         for key in sorted(self.processing):
             self._done(key)
-        self.advance(max(DEBOUNCE_MAX, BACKOFF_MAX, 8))
+        self.advance(max(DEBOUNCE_MAX, BACKOFF_MAX, 6))
         while self.ready:
             self._done(self._get())
         assert not self.owed
@@ -625,7 +634,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert len(self.queue) == len(self.ready)
         assert self.queue.waiting() == len(self.pending)
         assert self.queue.processing == self.processing
-        assert all(self.queue.num_requeues(k) == self.failures[k] for k in "abcd")
+        assert all(self.queue.num_requeues(k) == self.failures[k] for k in "ab")
 
     @invariant()
     def ready_keys_are_fifo_unique_and_not_processing(self) -> None:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from projector.model import (
     FIELD_MANAGER,
     GRANT_LABEL,
+    GRANT_METADATA_ANNOTATION,
     GRANT_UID_ANNOTATION,
     HASH_ANNOTATION,
     MANAGED_BY_LABEL,
@@ -1405,11 +1406,13 @@ def test_desired_copy_metadata() -> None:
         SOURCE_ANNOTATION: "src/hub",
         ON_REVOKE_ANNOTATION: "Retain",
         ON_SOURCE_DELETED_ANNOTATION: "Delete",
+        GRANT_METADATA_ANNOTATION: '{"labels":["team"],"annotations":["note"]}',
         HASH_ANNOTATION: d.hash,
     }
     meta_without_hash = {k: v for k, v in d.annotations.items() if k != HASH_ANNOTATION}
     assert d.hash == content_hash(d.type, d.data, d.labels, meta_without_hash)
-    # the grant's extra metadata, kept apart: checked key by key, left out of core_hash
+    # the grant's extra metadata, kept apart: values checked key by key; only which keys are
+    # the grant's is recorded (GRANT_METADATA_ANNOTATION), and so part of core_hash
     assert d.extra_labels == {"team": "data"}
     assert d.extra_annotations == {"note": "hello"}
     assert d.core_hash == content_hash(
@@ -1520,15 +1523,6 @@ def test_update_manifest_keeps_what_others_added_and_restores_ours() -> None:
     assert summary(again, grant.target_name) == {"a": IN_SYNC}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: reconcile.py Desired.manifest(keep=...) carries over every key of the stored "
-    "copy outside projector's prefix, so a label or annotation the grant itself wrote "
-    "(target.labels/annotations) and the admin then removed from the grant is kept on every "
-    "copy forever: the Update changes the content-hash annotation, after which the copy is in "
-    "sync (nothing records which keys were the grant's)",
-)
 def test_grant_metadata_removed_from_the_spec_leaves_the_copies() -> None:
     before = make_grant(namespaces=("a",), labels={"team": "data"}, annotations={"note": "x"})
     after = make_grant(namespaces=("a",))
@@ -1542,15 +1536,6 @@ def test_grant_metadata_removed_from_the_spec_leaves_the_copies() -> None:
     assert "note" not in copy.annotations
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: reconcile.py desired_copy keeps reserved keys in Desired.extra_labels/"
-    "extra_annotations, where projector's own values override them in what is written, so "
-    "Desired.in_sync can never hold and every reconcile Updates the copy again (reachable only "
-    "for a Grant built around parse_grant's reserved-key check, the case "
-    "test_desired_copy_reserved_keys_cannot_be_overridden guards)",
-)
 def test_reserved_keys_in_grant_metadata_still_converge() -> None:
     grant = replace(
         G,
@@ -1683,14 +1668,15 @@ def test_desired_hash_changes_with_what_the_copy_holds(grant: Grant, source: Sou
         pytest.param(make_grant(on_revoke=RETAIN), S, True, id="on-revoke"),
         pytest.param(make_grant(uid="uid-other"), S, True, id="grant-uid"),
         pytest.param(make_grant(name="other"), S, True, id="grant-name"),
-        pytest.param(make_grant(labels={"x": "1"}), S, False, id="grant-labels"),
-        pytest.param(make_grant(annotations={"x": "1"}), S, False, id="grant-annotations"),
+        pytest.param(make_grant(labels={"x": "1"}), S, True, id="grant-label-keys"),
+        pytest.param(make_grant(annotations={"x": "1"}), S, True, id="grant-annotation-keys"),
     ],
 )
 def test_desired_core_hash_covers_content_and_our_metadata_only(
     grant: Grant, source: Source, core_changes: bool
 ) -> None:
-    """Grant extras are checked key by key (in_sync), not through the observed hash."""
+    """Grant extras' values are checked key by key (in_sync); their keys are recorded in our
+    grant-metadata annotation, so they are part of the core hash."""
     assert (desired_of(grant, source).core_hash != desired_of(G, S).core_hash) is core_changes
 
 
@@ -2070,3 +2056,10 @@ def test_property_never_touches_a_secret_without_grant_uid(snap: Snapshot) -> No
         if s.existing is not None:
             assert s.existing.annotations.get(GRANT_UID_ANNOTATION), s
             assert s.existing.marked_by_projector, s
+
+
+def test_grant_extra_values_are_not_in_the_core_hash() -> None:
+    """Changing only a value of a grant's extra label is seen by in_sync, not by core_hash."""
+    one, two = make_grant(labels={"x": "1"}), make_grant(labels={"x": "2"})
+    assert desired_of(one, S).core_hash == desired_of(two, S).core_hash
+    assert desired_of(one, S).hash != desired_of(two, S).hash

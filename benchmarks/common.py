@@ -1,0 +1,109 @@
+"""Shared benchmark plumbing: timing statistics, machine facts, and the result file format.
+
+Every benchmark writes `benchmarks/results/<name>.json`:
+{name, parameters, systems: {system: {metric: {value, unit, samples, ...}}}, ratios, machine,
+commit, date}. Statistics are medians and percentiles over repeated samples (this machine is
+shared and noisy), never single runs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) by linear interpolation; the sample itself if only one."""
+    s = sorted(samples)
+    if not s:
+        return float("nan")
+    k = (len(s) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summary(samples: Sequence[float], unit: str) -> dict[str, Any]:
+    """Median, p99, IQR, min, max and count of a set of samples."""
+    return {
+        "unit": unit,
+        "samples": len(samples),
+        "median": statistics.median(samples) if samples else float("nan"),
+        "p99": percentile(samples, 99),
+        "p25": percentile(samples, 25),
+        "p75": percentile(samples, 75),
+        "min": min(samples) if samples else float("nan"),
+        "max": max(samples) if samples else float("nan"),
+    }
+
+
+def machine() -> dict[str, Any]:
+    """Facts about where the numbers were measured."""
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_kib = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem_kib = int(line.split()[1])
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "memory_gib": round(mem_kib / 2**20, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_avg_at_start": os.getloadavg(),
+    }
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_result(
+    name: str,
+    parameters: dict[str, Any],
+    systems: dict[str, Any],
+    ratios: dict[str, Any] | None = None,
+    out: Path = RESULTS,
+) -> Path:
+    """Write one benchmark's JSON result and return its path."""
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "name": name,
+        "parameters": parameters,
+        "systems": systems,
+        "ratios": ratios or {},
+        "machine": machine(),
+        "commit": commit(),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return path

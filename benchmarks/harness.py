@@ -1,0 +1,311 @@
+"""End-to-end benchmark plumbing: a control plane, bulk setup, a controller process, a watcher.
+
+The harness speaks to the API server with projector's own client (`projector.kube.Kube`), so
+the floor (a bare asyncio writer) uses exactly the same HTTP stack as the controller. Every
+system, projector, the floor and the peers, runs with the same admin identity (exempt from API
+priority and fairness), against the same control plane, in the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from projector.errors import Conflict
+from projector.kube import GRANTS, NAMESPACES, SECRETS, Kube, Obj
+from tests.controlplane.plane import ControlPlane, ensure_binaries, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+EXPORT = {"projector.nebari.dev/export": "true"}
+
+
+def b64(v: str) -> str:
+    return base64.b64encode(v.encode()).decode()
+
+
+def unb64(v: str) -> str:
+    return base64.b64decode(v).decode()
+
+
+@contextlib.contextmanager
+def control_plane(root: Path) -> Any:
+    """A fresh control plane for one benchmark run, stopped afterwards."""
+    plane = ControlPlane(root, ensure_binaries())
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+async def gather_limited(coros: Iterable[Any], limit: int = 32) -> list[Any]:
+    """Run coroutines with bounded concurrency (bulk setup, and the floor's writes)."""
+    sem = asyncio.Semaphore(limit)
+
+    async def one(c: Any) -> Any:
+        async with sem:
+            return await c
+
+    return await asyncio.gather(*(one(c) for c in coros))
+
+
+async def ensure(kube: Kube, res: Any, body: Obj, namespace: str | None = None) -> None:
+    with contextlib.suppress(Conflict):
+        await kube.create(res, body, namespace=namespace)
+
+
+async def namespaces(kube: Kube, names: Iterable[str], labels: dict[str, str]) -> None:
+    await gather_limited(
+        ensure(kube, NAMESPACES, {"metadata": {"name": n, "labels": labels}}) for n in names
+    )
+
+
+def secret(
+    name: str,
+    data: dict[str, str],
+    *,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
+        "type": "Opaque",
+        "data": {k: b64(v) for k, v in data.items()},
+    }
+
+
+def grant(
+    name: str,
+    source: tuple[str, str],
+    *,
+    selector: dict[str, str] | None = None,
+    targets: list[str] | None = None,
+    target_name: str | None = None,
+) -> Obj:
+    target: dict[str, Any] = {}
+    if selector:
+        target["namespaceSelector"] = {"matchLabels": selector}
+    if targets:
+        target["namespaces"] = targets
+    if target_name:
+        target["name"] = target_name
+    return {
+        "apiVersion": "projector.nebari.dev/v1alpha1",
+        "kind": "ProjectionGrant",
+        "metadata": {"name": name},
+        "spec": {"source": {"namespace": source[0], "name": source[1]}, "target": target},
+    }
+
+
+async def put_value(kube: Kube, ns: str, name: str, key: str, value: str) -> float:
+    """Patch one key of a Secret; returns the monotonic time the response arrived."""
+    body = await kube.get(SECRETS, name, namespace=ns)
+    body["data"][key] = b64(value)
+    await kube.replace(SECRETS, body, namespace=ns)
+    return time.monotonic()
+
+
+class Watcher:
+    """Follows Secrets matching a label selector; records when each reached a wanted value."""
+
+    def __init__(self, kube: Kube, label_selector: str, key: str) -> None:
+        self.kube = kube
+        self.selector = label_selector
+        self.key = key
+        self.values: dict[tuple[str, str], str] = {}
+        self.modified: dict[tuple[str, str], int] = {}
+        self._waiters: list[tuple[Callable[[], bool], asyncio.Future[float]]] = []
+        self._task: asyncio.Task[None] | None = None
+        self.ready = asyncio.Event()
+
+    async def __aenter__(self) -> Watcher:
+        items, rv = await self.kube.list(SECRETS, label_selector=self.selector)
+        for o in items:
+            self._see(o)
+        self._task = asyncio.create_task(self._run(rv))
+        await self.ready.wait()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    def _see(self, o: Obj) -> None:
+        m = o["metadata"]
+        v = (o.get("data") or {}).get(self.key)
+        self.values[(m["namespace"], m["name"])] = unb64(v) if v else ""
+
+    async def _run(self, rv: str) -> None:
+        while True:
+            async for kind, o in self.kube.watch(
+                SECRETS,
+                resource_version=rv,
+                label_selector=self.selector,
+                timeout_seconds=600,
+                read_deadline=700,
+            ):
+                if kind == "OPEN":
+                    self.ready.set()
+                    continue
+                rv = o.get("metadata", {}).get("resourceVersion", rv)
+                if kind == "BOOKMARK":
+                    continue
+                m = o["metadata"]
+                k = (m["namespace"], m["name"])
+                if kind == "DELETED":
+                    self.values.pop(k, None)
+                else:
+                    if kind == "MODIFIED":
+                        self.modified[k] = self.modified.get(k, 0) + 1
+                    self._see(o)
+                now = time.monotonic()
+                for cond, fut in list(self._waiters):
+                    if not fut.done() and cond():
+                        fut.set_result(now)
+                        self._waiters.remove((cond, fut))
+
+    async def until(self, cond: Callable[[], bool], within: float = 120.0) -> float:
+        """The monotonic time at which `cond` first held (checked on every event)."""
+        if cond():
+            return time.monotonic()
+        fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self._waiters.append((cond, fut))
+        return await asyncio.wait_for(fut, within)
+
+    def all_equal(self, keys: Iterable[tuple[str, str]], value: str) -> Callable[[], bool]:
+        ks = list(keys)
+        return lambda: all(self.values.get(k) == value for k in ks)
+
+
+@dataclass
+class Controller:
+    """A `projector run` subprocess."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    started: float
+    log: Path
+    args: list[str] = field(default_factory=list)
+
+    def http(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return int(r.status), r.read().decode()
+        except urllib.error.HTTPError as e:
+            return int(e.code), ""
+        except OSError:
+            return 0, ""
+
+    def metric(self, name: str, **labels: str) -> float:
+        total = 0.0
+        for line in self.http("/metrics")[1].splitlines():
+            if not line.startswith(name) or line.startswith("#"):
+                continue
+            head, _, value = line.rpartition(" ")
+            if head.split("{")[0] != name:
+                continue
+            if all(f'{k}="{v}"' in head for k, v in labels.items()):
+                total += float(value)
+        return total
+
+    def writes(self) -> float:
+        return self.metric("projector_writes_total", result="ok") + self.metric(
+            "projector_status_writes_total"
+        )
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    async def wait_ready(self, within: float = 120.0) -> float:
+        """Seconds from process start to /readyz 200."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"controller exited:\n{self.log.read_text()[-3000:]}")
+            if (await asyncio.to_thread(self.http, "/readyz"))[0] == 200:
+                return time.monotonic() - self.started
+            await asyncio.sleep(0.02)
+        raise TimeoutError("controller never became ready")
+
+    async def settle(self, within: float = 600.0) -> None:
+        """Wait until workers ran and nothing is ready or processing."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            text = (await asyncio.to_thread(self.http, "/metrics"))[1]
+            vals = {}
+            for line in text.splitlines():
+                for n in ("projector_queue_depth", "projector_queue_processing"):
+                    if line.startswith(n + " "):
+                        vals[n] = float(line.split()[1])
+            if vals and not any(vals.values()) and self.metric("projector_reconcile_total") > 0:
+                return
+            await asyncio.sleep(0.05)
+        raise TimeoutError("controller never settled")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return int(self.proc.returncode)
+
+
+def start_controller(kubeconfig: Path, log: Path, *extra: str) -> Controller:
+    port = free_port()
+    args = [
+        sys.executable,
+        "-m",
+        "projector",
+        "run",
+        f"--kubeconfig={kubeconfig}",
+        "--namespace=default",
+        f"--http-port={port}",
+        "--http-host=127.0.0.1",
+        "--no-leader-elect",
+        "--log-level=warning",
+        *extra,
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    return Controller(proc, port, time.monotonic(), log, args)
+
+
+@contextlib.asynccontextmanager
+async def controller(kubeconfig: Path, log: Path, *extra: str) -> AsyncIterator[Controller]:
+    c = start_controller(kubeconfig, log, *extra)
+    try:
+        await c.wait_ready()
+        yield c
+    finally:
+        c.stop()
+
+
+async def delete_grants(kube: Kube) -> None:
+    items, _ = await kube.list(GRANTS)
+    await gather_limited(kube.delete(GRANTS, g["metadata"]["name"]) for g in items)
