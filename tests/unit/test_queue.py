@@ -210,6 +210,15 @@ async def test_keys_due_together_are_released_by_deadline() -> None:
     assert await get_all(queue) == ["early", "middle", "late"]
 
 
+async def test_keys_due_at_once_leave_in_the_order_their_deadlines_were_set() -> None:
+    queue, clock, _ = make()
+    queue.add_after("b", 10)
+    queue.add_after("a", 5)
+    queue.add_after("b", 5)  # moved earlier after "a" was scheduled: it queues behind "a"
+    advance(queue, clock, 5)
+    assert await get_all(queue) == ["a", "b"]
+
+
 async def test_backoff_doubles_per_failure_up_to_the_cap_and_forget_resets_it() -> None:
     queue, clock, events = make(backoff_base=1.0, backoff_max=8.0)
     delays = []
