@@ -63,7 +63,10 @@ async def run_e2e(
             n_updates, n_copies = size["burst"]
             paths.append(await e2e.burst(kube, kubeconfig, work, n_updates, n_copies, out=out))
         if "restart" in only:
-            paths.extend(await e2e.restart_and_memory(kube, kubeconfig, work, *size["world"], out))
+            g, ns, per, unrelated = size["world"]
+            paths.extend(
+                await e2e.restart_and_memory(kube, kubeconfig, work, g, ns, per, unrelated, out)
+            )
     finally:
         await kube.close()
     return paths
