@@ -102,8 +102,10 @@ class Kube:
         """Build from a kubeconfig path, or in-cluster config, or $KUBECONFIG (kr8s' order)."""
         try:
             api = await kr8s.asyncio.api(kubeconfig=kubeconfig)
-        except (httpx.HTTPError, kr8s.ServerError, OSError, ValueError) as e:
-            raise ProjectorError(f"cannot load credentials or reach the API server: {e}") from e
+        except Exception as e:  # kr8s reports a bad kubeconfig as anything from KeyError up
+            raise ProjectorError(
+                f"cannot load credentials or reach the API server: {type(e).__name__}: {e}"
+            ) from e
         return cls(api, **kw)
 
     def _record(self, verb: str, res: Resource, code: int) -> None:
