@@ -50,6 +50,13 @@ fmt: install
 demo: install binaries ## start a local control plane and watch a projection happen
 	$(PY) -m tests.demo
 
+bench: install binaries ## every benchmark at DESIGN §8 sizes; results/*.json + docs/benchmarks.md
+	$(PY) -m benchmarks full
+	$(PY) -m benchmarks.report
+
+bench-quick: install binaries ## the same benchmarks at small sizes (under 5 minutes)
+	$(PY) -m benchmarks quick
+
 clean: ## remove local state (the binary cache outside the repo is kept)
 	-$(PY) -m tests.controlplane down
 	rm -rf .local/cluster .local/kubeconfig

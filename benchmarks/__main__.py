@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import tempfile
 import time
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = p.parse_args(argv)
     size, only = SIZES[a.size], set(a.only.split(","))
+    os.environ["PROJECTOR_BENCH_SIZE"] = a.size  # recorded in every result file
     started = time.monotonic()
     paths: list[Path] = []
     if "hotpath" in only:

@@ -97,6 +97,7 @@ def write_result(
     out.mkdir(parents=True, exist_ok=True)
     doc = {
         "name": name,
+        "size": os.environ.get("PROJECTOR_BENCH_SIZE", ""),
         "parameters": parameters,
         "systems": systems,
         "ratios": ratios or {},
