@@ -28,6 +28,12 @@ from tests.controlplane.plane import ControlPlane, ensure_binaries, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 EXPORT = {"projector.nebari.dev/export": "true"}
+PROD_PYTHON = REPO / ".local" / "prod-venv" / "bin" / "python"
+
+
+def controller_python() -> str:
+    """The runtime-only venv when built (`make bench`), so RSS is a deployment's RSS."""
+    return str(PROD_PYTHON) if PROD_PYTHON.exists() else sys.executable
 
 
 def b64(v: str) -> str:
@@ -278,7 +284,7 @@ class Controller:
 def start_controller(kubeconfig: Path, log: Path, *extra: str) -> Controller:
     port = free_port()
     args = [
-        sys.executable,
+        controller_python(),
         "-m",
         "projector",
         "run",

@@ -362,14 +362,15 @@ def plan(snap: Snapshot) -> Plan:
     if grant.selector is not None:
         candidates.update(n for n, ns in snap.namespaces.items() if grant.targets(n, ns.labels))
     matched = 0
-    for name in sorted(candidates):
-        key = ObjectKey(name, grant.target_name)
+    target, source_ns, all_namespaces = grant.target_name, grant.source.namespace, snap.namespaces
+    for name in sorted(candidates):  # the hot loop: locals only, no work that can be hoisted
+        key = ObjectKey(name, target)
         existing = lookup.get(key)
         mine = existing is not None and key in owned
-        if existing is not None and mine:
+        if mine:
             handled.add(key)
-        ns = snap.namespaces.get(name)
-        if name == grant.source.namespace:
+        ns = all_namespaces.get(name)
+        if name == source_ns:
             if name in grant.namespaces:
                 steps.append(
                     Step(
@@ -425,7 +426,7 @@ def plan(snap: Snapshot) -> Plan:
                 )
             )
             continue
-        rival = _senior_rival(snap, grant, ns)
+        rival = _senior_rival(snap, grant, ns) if snap.rivals else None
         if rival is not None:
             steps.append(
                 Step(
