@@ -38,8 +38,8 @@ wrapper() {
 # go mod download, printing the module's directory; the proxy's own words on failure.
 download_dir() {
   local out
-  out="$(cd "$(mktemp -d)" && go mod download -json "$1" 2>&1)" || { printf '%s\n' "$out" >&2; return 1; }
-  python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("Dir") or sys.exit(d.get("Error", "no Dir")))' <<<"$out"
+  out="$(cd / && go mod download -json "$1")" || true
+  python3 -c 'import json,sys; d=json.loads(sys.argv[1] or "{}"); print(d.get("Dir") or sys.exit(d.get("Error") or "no Dir"))' "$out"
 }
 
 build_replicator() {
