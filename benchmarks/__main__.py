@@ -25,6 +25,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "hot": (10, 1_000, 10_000),
         "hot_repeats": 15,
         "fanout": ((100, 30), (1_000, 8)),
+        "peer_reps": {100: 3, 1_000: 1},
         "latency": (300, 20.0),
         "burst": (1_000, 100),
         "world": (1_000, 1_000, 10, 10_000),
@@ -33,6 +34,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "hot": (10, 1_000),
         "hot_repeats": 7,
         "fanout": ((100, 10), (1_000, 3)),
+        "peer_reps": {100: 2},
         "latency": (100, 20.0),
         "burst": (1_000, 100),
         "world": (100, 100, 10, 1_000),
@@ -41,6 +43,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "hot": (10,),
         "hot_repeats": 2,
         "fanout": ((5, 2),),
+        "peer_reps": {},
         "latency": (3, 20.0),
         "burst": (20, 3),
         "world": (4, 4, 2, 10),
@@ -56,7 +59,23 @@ async def run_e2e(
     try:
         if "fanout" in only:
             for n, reps in size["fanout"]:
-                paths.append(await e2e.fanout(kube, kubeconfig, work, n, reps, out=out))
+                peer_reps = size["peer_reps"].get(n, 0)
+                paths.append(
+                    await e2e.fanout(kube, kubeconfig, work, n, reps, out=out, peer_reps=peer_reps)
+                )
+                if n >= 1_000:  # the default client-side rate limit, then without it
+                    paths.append(
+                        await e2e.fanout(
+                            kube,
+                            kubeconfig,
+                            work,
+                            n,
+                            reps,
+                            ["--qps=0"],
+                            out=out,
+                            name=f"fanout-{n}-qps0",
+                        )
+                    )
         if "latency" in only:
             updates, rate = size["latency"]
             paths.append(await e2e.latency(kube, kubeconfig, work, updates, rate, out=out))

@@ -21,6 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client as k8s
+
+from benchmarks import peers
 from benchmarks.common import RESULTS, summary, write_result
 from benchmarks.harness import (
     EXPORT,
@@ -36,6 +39,7 @@ from benchmarks.harness import (
     unb64,
 )
 from projector.kube import GRANTS, SECRETS, Kube, Obj
+from tests.support import api_client
 
 MANAGED = "projector.nebari.dev/managed-by=projector"
 EXPORT_ALL = {"projector.nebari.dev/export-to": "*"}
@@ -68,6 +72,7 @@ async def fanout(
     flags: Sequence[str] = (),
     out: Path = RESULTS,
     name: str = "",
+    peer_reps: int = 0,
 ) -> Path:
     tag = f"fan{n}"
     src, targets = f"{tag}-src", [f"{tag}-{i}" for i in range(n)]
@@ -101,6 +106,22 @@ async def fanout(
             floor.append(await fwatch.until(fwatch.all_equal(bodies, value), 600) - t0)
     await kube.delete(GRANTS, tag)
     p, f = summary([s * 1000 for s in proj], "ms"), summary([s * 1000 for s in floor], "ms")
+    systems: dict[str, Any] = {"projector": {"last_copy": p}, "floor": {"last_copy": f}}
+    ratios = {
+        "projector/floor p50": p["median"] / f["median"],
+        "projector/floor p99": p["p99"] / f["p99"],
+    }
+    unavailable: dict[str, str] = {}
+    if peer_reps:
+        for peer in peers.all_peers():
+            try:
+                samples = await _peer_fanout(kube, kubeconfig, work, peer, tag, targets, peer_reps)
+            except peers.PeerUnavailable as e:
+                unavailable[peer.name] = str(e).strip().splitlines()[-1][:300]
+                continue
+            s_peer = summary([x * 1000 for x in samples], "ms")
+            systems[f"{peer.name} {peer.version}"] = {"last_copy": s_peer}
+            ratios[f"projector/{peer.name} p50"] = p["median"] / s_peer["median"]
     return write_result(
         name or f"fanout-{n}",
         {
@@ -108,14 +129,49 @@ async def fanout(
             "repetitions": reps,
             "flags": list(flags),
             "write_concurrency": WRITE_CONCURRENCY,
+            "peer_repetitions": peer_reps,
+            "peers_unavailable": unavailable,
         },
-        {"projector": {"last_copy": p}, "floor": {"last_copy": f}},
-        {
-            "projector/floor p50": p["median"] / f["median"],
-            "projector/floor p99": p["p99"] / f["p99"],
-        },
+        systems,
+        ratios,
         out=out,
     )
+
+
+async def _peer_fanout(
+    kube: Kube,
+    kubeconfig: Path,
+    work: Path,
+    peer: peers.Peer,
+    tag: str,
+    targets: list[str],
+    reps: int,
+) -> list[float]:
+    """The same fan-out by a peer, run with its defaults; its own source and copies."""
+    peer.ensure_built()
+    src, name = f"{tag}-peer-src", f"{tag}-peer"
+    await namespaces(kube, [src], {})
+    await ensure(kube, SECRETS, secret(name, {"token": "v0"}), src)
+    api = api_client(kubeconfig)
+    core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
+    proc = peer.start(kubeconfig, work / f"{peer.name}-{tag}.log")
+    samples: list[float] = []
+    try:
+        await asyncio.to_thread(peer.wait_ready, proc)
+        await asyncio.to_thread(
+            peer.setup_fanout, core, custom, src, name, targets, 1200.0, {"bench-peer": tag}
+        )
+        copies = [(ns, peer.copy_name(name)) for ns in targets]
+        async with Watcher(kube, f"bench-peer={tag}", "token") as watch:
+            await watch.until(watch.all_equal(copies, "v0"), 1200)
+            for r in range(1, reps + 1):
+                value = f"v{r}"
+                t0 = await put_value(kube, src, name, "token", value)
+                samples.append(await watch.until(watch.all_equal(copies, value), 1200) - t0)
+    finally:
+        peers.stop(proc)
+        api.close()
+    return samples
 
 
 async def latency(

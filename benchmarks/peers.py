@@ -229,6 +229,7 @@ class Peer(Protocol):
         source_name: str,
         targets: Sequence[str],
         timeout: float = 600.0,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         """Project the existing Secret source_ns/source_name into targets; return once in place."""
         ...
@@ -293,6 +294,7 @@ class Replicator:
         source_name: str,
         targets: Sequence[str],
         timeout: float = 600.0,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         """Allow the targets on the source, then create one replicate-from Secret per target.
 
@@ -309,6 +311,7 @@ class Replicator:
             body = k8s.V1Secret(
                 metadata=k8s.V1ObjectMeta(
                     name=self.copy_name(source_name),
+                    labels=dict(labels or {}),
                     annotations={self.REPLICATE_FROM: f"{source_ns}/{source_name}"},
                 ),
                 type="Opaque",  # a typed Secret (e.g. kubernetes.io/tls) cannot start empty
@@ -383,6 +386,7 @@ class Projection:
         source_name: str,
         targets: Sequence[str],
         timeout: float = 600.0,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         annotate(core, source_ns, source_name, {self.PROJECTABLE: "true"})
         body: dict[str, Any] = {
