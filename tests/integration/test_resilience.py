@@ -35,9 +35,13 @@ class Relay:
 
     def start(self) -> None:
         s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", self.port))
-        s.listen(64)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", self.port))
+            s.listen(64)
+        except OSError:
+            s.close()
+            raise
         self.port = s.getsockname()[1]
         self._listener = s
         threading.Thread(target=self._accept, args=(s,), daemon=True).start()
@@ -69,6 +73,8 @@ class Relay:
     def cut(self) -> None:
         """Refuse new connections and reset every open one."""
         if self._listener is not None:
+            with contextlib.suppress(OSError):  # wakes the thread blocked in accept()
+                self._listener.shutdown(socket.SHUT_RDWR)
             self._listener.close()
             self._listener = None
         with self._lock:
