@@ -19,6 +19,7 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 import structlog
@@ -55,6 +56,24 @@ log = structlog.get_logger("projector")
 
 EVENTS_NS = "default"
 """Events about a cluster-scoped object must live here (API server validation)."""
+
+
+class Result(StrEnum):
+    """What a reconcile tells the queue (controller-runtime's Result, as data)."""
+
+    OK = "success"
+    """Done: forget the key's failures."""
+    RECHECK = "recheck"
+    """Done, but look again later: a conflicting object is not cached, so no event will come."""
+    ERROR = "error"
+    """Retry with per-key exponential backoff."""
+    UNHEALTHY = "requeue"
+    """A cache may be behind the server: nothing was done; retry shortly."""
+
+    @property
+    def metric(self) -> str:
+        """The `result` label of projector_reconcile_total."""
+        return "success" if self is Result.RECHECK else self.value
 
 
 def _key(obj: Obj) -> ObjectKey:
@@ -213,32 +232,26 @@ class Controller:
                 result = await self.reconcile(name)
             except Exception:
                 log.exception("reconcile crashed", grant=name)
-                result = "error"
-            if result == "error":
+                result = Result.ERROR
+            if result is Result.ERROR:
                 self.queue.add_rate_limited(name)
-            elif result == "recheck":
+            elif result is Result.RECHECK:
                 self.queue.forget(name)
                 self.queue.add_after(name, self.config.conflict_recheck)
-            elif result == "unhealthy":
+            elif result is Result.UNHEALTHY:
                 self.queue.add_after(name, 0.5)
             else:
                 self.queue.forget(name)
-            self.metrics.reconciles.labels(
-                "success"
-                if result in ("ok", "recheck")
-                else "error"
-                if result == "error"
-                else "requeue"
-            ).inc()
+            self.metrics.reconciles.labels(result.metric).inc()
             self.queue.done(name)
             await asyncio.sleep(0)  # a reconcile without I/O must not starve the informers
 
     # --- one reconcile --------------------------------------------------------------------------
 
-    async def reconcile(self, name: str) -> str:
-        """Reconcile one grant name; returns ok, recheck, error or unhealthy."""
+    async def reconcile(self, name: str) -> Result:
+        """Reconcile one grant name, and say what the queue should do with it next."""
         if not self.healthy():
-            return "unhealthy"
+            return Result.UNHEALTHY
         started = time.monotonic()
         since = self._pending_since.pop(name, None)
         if since is not None:
@@ -250,7 +263,7 @@ class Controller:
             rec = self.grants.get(name)
             if rec is not None and rec.grant is None:
                 await self._write_status(rec, self._invalid_status(rec), [])
-                return "ok"
+                return Result.OK
             plan = self.plan(name, await self._source_state(rec))
             outcomes = await self.writer.execute(plan)
             done = time.monotonic()
@@ -265,10 +278,10 @@ class Controller:
             if any(o.reason is Reason.WRITE_FAILED for o in outcomes) or (
                 plan.grant is not None and plan.source_state is SourceState.UNKNOWN
             ):
-                return "error"
+                return Result.ERROR
             if any(o.reason is Reason.CONFLICT for o in outcomes):
-                return "recheck"
-            return "ok"
+                return Result.RECHECK
+            return Result.OK
 
     def plan(self, name: str, source: tuple[Source | None, SourceState]) -> Plan:
         """Snapshot the caches and run the pure planner."""

@@ -314,6 +314,17 @@ def _revoke(copy: Copy, reason: Reason, policy: OnRevoke | OnSourceDeleted) -> S
     return Step(copy.key.namespace, Action.NOOP, Reason.RETAINED, copy, copy.key.name)
 
 
+def _withdraw(
+    ns: str, name: str, own: Copy | None, reason: Reason, policy: OnRevoke | OnSourceDeleted
+) -> Step:
+    """A namespace the grant may no longer serve: our copy there follows the policy."""
+    if own is not None:
+        step = _revoke(own, reason, policy)
+        if step.action is Action.DELETE:
+            return step
+    return Step(ns, Action.NOOP, reason, own, name)
+
+
 def _recorded_policy(copy: Copy) -> OnRevoke:
     """The revoke policy a copy was created under; Retain if unreadable (no delete on a guess)."""
     try:
@@ -393,26 +404,17 @@ def plan(snap: Snapshot) -> Plan:
             steps.append(Step(name, Action.NOOP, Reason.SOURCE_UNKNOWN, existing, key.name))
             continue
         if state is SourceState.MISSING:
-            if existing is not None and mine:
-                step = _revoke(existing, Reason.SOURCE_MISSING, grant.on_source_deleted)
-                steps.append(
-                    step
-                    if step.action is Action.DELETE
-                    else Step(name, Action.NOOP, Reason.SOURCE_MISSING, existing, key.name)
-                )
-            else:
-                steps.append(Step(name, Action.NOOP, Reason.SOURCE_MISSING, name=key.name))
+            own = existing if mine else None
+            steps.append(
+                _withdraw(name, key.name, own, Reason.SOURCE_MISSING, grant.on_source_deleted)
+            )
             continue
         if source is None or not source.exports_to(name):
-            if existing is not None and mine:
-                step = _revoke(existing, Reason.DENIED, grant.on_revoke)
-                steps.append(
-                    step
-                    if step.action is Action.DELETE
-                    else Step(name, Action.NOOP, Reason.DENIED, existing, key.name)
+            steps.append(
+                _withdraw(
+                    name, key.name, existing if mine else None, Reason.DENIED, grant.on_revoke
                 )
-            else:
-                steps.append(Step(name, Action.NOOP, Reason.DENIED, name=key.name))
+            )
             continue
         if desired is None:
             steps.append(
