@@ -27,7 +27,7 @@ import yaml
 from kubernetes import client, utils
 
 from tests.controlplane.plane import ControlPlane, free_port
-from tests.support import api_client, request_token, write_token_kubeconfig
+from tests.support import api_client, projector_kubeconfig
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[1]
@@ -104,21 +104,6 @@ def secret_data(core: client.CoreV1Api, ns: str, name: str) -> dict[str, str] | 
     return {k: base64.b64decode(v).decode() for k, v in (s.data or {}).items()}
 
 
-def controller_kubeconfig(api: client.ApiClient, plane: ControlPlane, dest: Path) -> Path:
-    """Install deploy/rbac/ and return a kubeconfig of its ServiceAccount (never admin)."""
-    core = client.CoreV1Api(api)
-    with contextlib.suppress(client.ApiException):
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=SYSTEM_NS)))
-    for f in sorted((REPO / "deploy" / "rbac").glob("*.yaml")):
-        for doc in yaml.safe_load_all(f.read_text()):
-            with contextlib.suppress(utils.FailToCreateError):
-                utils.create_from_dict(api, doc)
-    token = request_token(core, "projector", SYSTEM_NS)
-    return write_token_kubeconfig(
-        dest, plane, token, user=f"system:serviceaccount:{SYSTEM_NS}:projector"
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make demo")
     p.add_argument(
@@ -148,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     custom = client.CustomObjectsApi(api)
     story = Story()
     with tempfile.TemporaryDirectory() as tmp:
-        kubeconfig = controller_kubeconfig(api, plane, Path(tmp) / "kubeconfig")
+        kubeconfig = projector_kubeconfig(api, plane, Path(tmp) / "kubeconfig")
         port = free_port()
         log = Path(tmp) / "controller.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}

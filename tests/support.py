@@ -6,6 +6,7 @@ watches, controllers), and fixed sleeps are both slow and flaky.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import secrets
@@ -16,7 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol, TypeVar, cast
 
-from kubernetes import client, config
+import yaml
+from kubernetes import client, config, utils
 
 from tests.controlplane.plane import ControlPlane, kubeconfig_dict, write_kubeconfig
 
@@ -134,3 +136,21 @@ class ServiceAccountKubeconfigFactory(Protocol):
     def __call__(self, cluster_role: str, namespace: str) -> Path:
         """Create a ServiceAccount bound to ``cluster_role`` and return a kubeconfig for it."""
         ...
+
+
+def projector_kubeconfig(api: client.ApiClient, plane: ControlPlane, dest: Path) -> Path:
+    """Install deploy/rbac/ and write a kubeconfig of its ServiceAccount (never admin).
+
+    The controller under test or in the demo then runs with exactly the shipped permissions.
+    """
+    namespace = "projector-system"
+    core = client.CoreV1Api(api)
+    with contextlib.suppress(client.ApiException):
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    for f in sorted((Path(__file__).resolve().parents[1] / "deploy" / "rbac").glob("*.yaml")):
+        for doc in yaml.safe_load_all(f.read_text()):
+            with contextlib.suppress(utils.FailToCreateError):  # already there: idempotent
+                utils.create_from_dict(api, doc)
+    token = request_token(core, "projector", namespace)
+    user = f"system:serviceaccount:{namespace}:projector"
+    return write_token_kubeconfig(dest, plane, token, user=user, namespace=namespace)

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -24,22 +23,16 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-import yaml
-from kubernetes import client, utils
+from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.controlplane.plane import ControlPlane
-from tests.support import eventually, request_token, unique_name, write_token_kubeconfig
+from tests import support
+from tests.controlplane.plane import ControlPlane, free_port
+from tests.support import eventually, unique_name
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_NS = "projector-system"
 GROUP, VERSION, PLURAL = "projector.nebari.dev", "v1alpha1", "projectiongrants"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -142,21 +135,8 @@ def projector_kubeconfig(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Path:
     """A kubeconfig for the ServiceAccount of deploy/rbac/, with exactly the shipped RBAC."""
-    with contextlib.suppress(client.ApiException):
-        core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=SYSTEM_NS)))
-    for f in sorted((REPO / "deploy" / "rbac").glob("*.yaml")):
-        for doc in yaml.safe_load_all(f.read_text()):
-            with contextlib.suppress(utils.FailToCreateError):
-                utils.create_from_dict(admin_client, doc)
-    token = request_token(core_v1, "projector", SYSTEM_NS)
-    path = write_token_kubeconfig(
-        tmp_path_factory.mktemp("projector") / "kubeconfig",
-        control_plane,
-        token,
-        user=f"system:serviceaccount:{SYSTEM_NS}:projector",
-        namespace=SYSTEM_NS,
-    )
-    return path
+    dest = tmp_path_factory.mktemp("projector") / "kubeconfig"
+    return support.projector_kubeconfig(admin_client, control_plane, dest)
 
 
 @pytest.fixture
@@ -172,7 +152,7 @@ def start_controller(
     procs: list[ControllerProcess] = []
 
     def start(*extra: str, wait_ready: bool = True) -> ControllerProcess:
-        port = _free_port()
+        port = free_port()
         log = tmp_path / f"controller-{len(procs)}.log"
         args = [
             sys.executable,
