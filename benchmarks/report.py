@@ -78,6 +78,7 @@ def plot_bars(name: str, doc: dict[str, Any], metric: str, title: str) -> str:
 def render(results: Path = RESULTS, target: Path = DOCS / "benchmarks.md", intro: str = "") -> Path:
     docs = load(results)
     out = ["# Benchmarks", "", intro.strip(), ""] if intro else ["# Benchmarks", ""]
+    out += ["See the end of this page for the DESIGN §8 targets against these numbers.", ""]
     any_doc = next(iter(docs.values()), None)
     if any_doc:
         mach = any_doc["machine"]
@@ -104,9 +105,90 @@ def render(results: Path = RESULTS, target: Path = DOCS / "benchmarks.md", intro
         if name in plots:
             out += ["", plot_bars(name, doc, plots[name], name)]
         out.append("")
+    out += targets(docs)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("\n".join(out) + "\n")
     return target
+
+
+def _get(docs: dict[str, Any], name: str, system: str, metric: str, key: str = "median") -> Any:
+    try:
+        m = docs[name]["systems"][system][metric]
+    except KeyError:
+        return None
+    return m.get(key, m.get("value"))
+
+
+def targets(docs: dict[str, Any]) -> list[str]:
+    """DESIGN §8, row by row, against this run's numbers (n/a where not measured)."""
+
+    def v(x: Any, unit: str = "") -> str:
+        return "n/a" if x is None else fmt(x, unit)
+
+    def ratio(name: str, key: str) -> Any:
+        return docs.get(name, {}).get("ratios", {}).get(key)
+
+    lat0 = "projector (debounce 0)"
+    hot = "plan_per_namespace_"
+    rows = [
+        (
+            "fan-out 1 -> 100, last copy",
+            "p50 <= 50 ms, p99 <= 100 ms, faster than projection",
+            f"p50 {v(_get(docs, 'fanout-100', 'projector', 'last_copy'), 'ms')}, p99 "
+            f"{v(_get(docs, 'fanout-100', 'projector', 'last_copy', 'p99'), 'ms')}; floor p50 "
+            f"{v(_get(docs, 'fanout-100', 'floor', 'last_copy'), 'ms')}; projection not buildable",
+        ),
+        (
+            "fan-out 1 -> 1,000",
+            "<= 1.25 x the raw API write floor",
+            f"{v(ratio('fanout-1000', 'projector/floor p50'))} x (default --qps 200), "
+            f"{v(ratio('fanout-1000-qps0', 'projector/floor p50'))} x (--qps 0)",
+        ),
+        (
+            "one change, one copy (debounce 0)",
+            "p50 <= 1.3 x floor; p99 <= 25 ms",
+            f"{v(ratio('latency', lat0 + ' / floor p50'))} x floor; p99 "
+            f"{v(_get(docs, 'latency', lat0, 'end_to_end', 'p99'), 'ms')}",
+        ),
+        (
+            "burst: 1,000 updates in ~1 s, 100 copies",
+            "<= 5 writes per copy, final state exact",
+            f"max {v(_get(docs, 'burst', 'projector', 'max_writes_per_copy'))} writes per copy; "
+            f"exact: {v(_get(docs, 'burst', 'projector', 'final_state_exact'))}",
+        ),
+        (
+            "restart with up-to-date copies",
+            "ready <= 10 s, 0 writes",
+            f"ready {v(_get(docs, 'restart', 'projector', 'time_to_ready'), 's')}, "
+            f"{v(_get(docs, 'restart', 'projector', 'writes_after_restart'))} writes "
+            f"({docs.get('restart', {}).get('parameters', {}).get('copies', '?')} copies)",
+        ),
+        (
+            "memory: 1,000 grants / 10,000 copies",
+            "RSS <= 80 MB / <= 150 MB",
+            f"{v(_get(docs, 'memory', 'projector', 'rss_at_size'), 'MiB')} at "
+            f"{docs.get('memory', {}).get('parameters', {}).get('grants', '?')} grants and "
+            f"{docs.get('memory', {}).get('parameters', {}).get('copies', '?')} copies",
+        ),
+        (
+            "unrelated Secrets",
+            "add <= 5 MB RSS and 0 CPU per change",
+            f"{v(_get(docs, 'memory', 'projector', 'rss_delta_unrelated'), 'MiB')}, "
+            f"{v(_get(docs, 'memory', 'projector', 'cpu_during_unrelated'), 's')} CPU for "
+            f"{docs.get('memory', {}).get('parameters', {}).get('unrelated_secrets', '?')}",
+        ),
+        ("leader failover", "<= lease + 2 s / <= 3 s", "n/a: leader election not built yet"),
+        (
+            "hot path: plan one (grant, namespace)",
+            "<= 25 us",
+            f"{v(_get(docs, 'hotpath', 'projector', hot + 'in_sync_10000'), 'us')} in sync, "
+            f"{v(_get(docs, 'hotpath', 'projector', hot + 'create_10000'), 'us')} create "
+            "(10,000 namespaces)",
+        ),
+    ]
+    lines = ["## DESIGN §8 targets", "", "| what | target | this run |", "|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    return lines
 
 
 if __name__ == "__main__":
