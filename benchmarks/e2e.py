@@ -91,14 +91,17 @@ async def fanout(
     bodies = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in floor_items}
     proj: list[float] = []
     floor: list[float] = []
+    run = name or f"fanout-{n}"  # values unique to this run: a rerun never sees old ones
+    start = f"{run}-v0"
+    await put_value(kube, src, "hub", "token", start)
     async with (
-        controller(kubeconfig, work / f"controller-{tag}.log", *flags),
+        controller(kubeconfig, work / f"controller-{run}.log", *flags),
         Watcher(kube, MANAGED, "token") as watch,
         Watcher(kube, f"bench-floor={tag}", "token") as fwatch,
     ):
-        await watch.until(watch.all_equal(copies, "v0"), 600)
+        await watch.until(watch.all_equal(copies, start), 600)
         for r in range(1, reps + 1):
-            value = f"v{r}"
+            value = f"{run}-v{r}"
             t0 = await put_value(kube, src, "hub", "token", value)
             proj.append(await watch.until(watch.all_equal(copies, value), 600) - t0)
             t0 = time.monotonic()
