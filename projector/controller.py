@@ -271,6 +271,8 @@ class Controller:
             if rec is not None:
                 new = status.compute(plan, outcomes)
                 await self._write_status(rec, new, status.events(outcomes, rec.status))
+            elif name in self._ready:  # the grant is gone: it no longer counts
+                self.metrics.grants.labels(str(self._ready.pop(name)).lower()).dec()
             self.metrics.reconcile_duration.observe(time.monotonic() - started)
             written = Counter(o.step.action.value for o in outcomes if o.written)
             if written:

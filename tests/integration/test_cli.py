@@ -43,8 +43,9 @@ def test_http_port_serves_health_readiness_and_metrics(
     assert controller.get("/readyz") == (200, "ok\n")
     src, a = make_namespace(), make_namespace()
     k8s.source(src, "hub", {"k": "CANARY-cli"}, export_to="*")
-    k8s.grant((src, "hub"), namespaces=[a])
+    g = k8s.grant((src, "hub"), namespaces=[a])
     eventually(lambda: k8s.copy_data(a, "hub") is not None)
+    eventually(lambda: controller.metric("projector_grants", ready="true") >= 1)
     eventually(lambda: controller.metric("projector_projection_latency_seconds_count") >= 1)
     names = {name for name, _ in controller.metrics()}
     for expected in (
@@ -60,3 +61,6 @@ def test_http_port_serves_health_readiness_and_metrics(
     ):
         assert expected in names, expected
     assert controller.metric("projector_writes_total", action="Create", result="ok") >= 1
+    before = controller.metric("projector_grants")
+    k8s.delete_grant(g)
+    eventually(lambda: controller.metric("projector_grants") == before - 1)
