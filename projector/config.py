@@ -34,9 +34,6 @@ class Config:
     leader_elect: bool = False
     id: str = ""
     """This replica's identity in the Lease; default hostname."""
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
     log_level: str = "info"
     conflict_recheck: float = 60.0
     """How often a grant with conflicts looks again (the blocking object is not cached)."""

@@ -9,7 +9,7 @@ tenacity before reporting the step as failed, which makes the controller requeue
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from tenacity import (
@@ -160,11 +160,3 @@ class Writer:
             # The copy changed since we decided: decide again on fresh state.
             return Outcome(step, Reason.WRITE_FAILED, "copy changed since planned; will retry")
         return Outcome(step, step.reason, written=True)
-
-
-def summarize(outcomes: Sequence[Outcome]) -> dict[str, int]:
-    """Count outcomes by reason, for logs."""
-    counts: dict[str, int] = {}
-    for o in outcomes:
-        counts[o.reason.value] = counts.get(o.reason.value, 0) + 1
-    return counts
