@@ -66,7 +66,7 @@ def compute(plan: Plan, outcomes: Sequence[Outcome]) -> dict[str, Any]:
     if not source_ok:
         ready, reason, message = False, source_reason, source_msg
     elif errors:
-        ready, reason, message = False, "WriteFailed", f"{len(errors)} write(s) failed"
+        ready, reason, message = False, Reason.WRITE_FAILED.value, f"{len(errors)} write(s) failed"
     elif conflicted:
         ready, reason, message = False, Reason.CONFLICT.value, f"{conflicted} namespace(s) conflict"
     elif plan.matched and projected == 0 and denied:
