@@ -89,7 +89,10 @@ class Writer:
                 return Outcome(
                     step, Reason.WRITE_FAILED, f"{step.action.value}: {e.status} {e.reason}"
                 )
-            self._hook(step, "conflict" if outcome.reason is Reason.CONFLICT else "ok")
+            result = {Reason.WRITE_FAILED: "error", Reason.CONFLICT: "conflict"}.get(
+                outcome.reason, "ok"
+            )
+            self._hook(step, result)
             return outcome
 
     def _hook(self, step: Step, result: str) -> None:
