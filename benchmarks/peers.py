@@ -23,7 +23,6 @@ import contextlib
 import fcntl
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,8 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from tests.controlplane.plane import cache_dir, free_port, read_versions, tail
+
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "peers" / "build.sh"
 VERSIONS_FILE = HERE / "peers" / "versions.env"
@@ -51,26 +52,6 @@ class PeerUnavailable(RuntimeError):
 
 class PeerError(RuntimeError):
     """A peer did not start, did not become ready, or did not establish its copies in time."""
-
-
-def read_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
-    """The single-line ``KEY=value`` pins of versions.env (multi-line values are build.sh's)."""
-    versions: dict[str, str] = {}
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        # A line with one quote opens (or closes) a multi-line value: skip it.
-        if line and not line.startswith("#") and "=" in line and line.count('"') != 1:
-            key, _, value = line.partition("=")
-            versions[key.strip()] = value.strip().strip("'\"")
-    return versions
-
-
-def cache_dir() -> Path:
-    """The same cache as build.sh (and as the control plane's binaries)."""
-    if env := os.environ.get("PROJECTOR_CACHE"):
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "projector"
 
 
 def build(target: str, script: Path = BUILD_SCRIPT) -> Path:
@@ -96,21 +77,6 @@ def build(target: str, script: Path = BUILD_SCRIPT) -> Path:
         detail = "\n".join(result.stderr.strip().splitlines()[-LOG_TAIL_LINES:])
         raise PeerUnavailable(f"{script} {target} failed (exit {result.returncode}):\n{detail}")
     return Path(lines[-1])
-
-
-def free_port() -> int:
-    """An unused loopback port, for a peer's health or metrics listener."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The end of a log file, so that errors explain themselves."""
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return f"(no log at {path})"
 
 
 def spawn(args: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -149,7 +115,7 @@ def wait_http_ok(
         if proc.poll() is not None:
             raise PeerError(
                 f"{name} exited ({proc.returncode}) before {url} was ready; "
-                f"last lines of {log_path}:\n{tail(log_path)}"
+                f"last lines of {log_path}:\n{tail(log_path, LOG_TAIL_LINES)}"
             )
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
@@ -163,7 +129,7 @@ def wait_http_ok(
         time.sleep(POLL_INTERVAL)
     raise PeerError(
         f"{name} not ready at {url} after {timeout:.0f}s (last: {last}); "
-        f"last lines of {log_path}:\n{tail(log_path)}"
+        f"last lines of {log_path}:\n{tail(log_path, LOG_TAIL_LINES)}"
     )
 
 
@@ -261,7 +227,7 @@ class Replicator:
     """
 
     name: str = "kubernetes-replicator"
-    version: str = field(default_factory=lambda: read_versions()["REPLICATOR_VERSION"])
+    version: str = field(default_factory=lambda: read_versions(VERSIONS_FILE)["REPLICATOR_VERSION"])
     status_port: int = 0
     log_path: Path = Path(os.devnull)
 
@@ -349,7 +315,7 @@ class Projection:
     """
 
     name: str = "projection"
-    version: str = field(default_factory=lambda: read_versions()["PROJECTION_VERSION"])
+    version: str = field(default_factory=lambda: read_versions(VERSIONS_FILE)["PROJECTION_VERSION"])
     probe_port: int = 0
     metrics_port: int = 0
     log_path: Path = Path(os.devnull)

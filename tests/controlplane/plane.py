@@ -59,11 +59,14 @@ class ControlPlaneError(RuntimeError):
 
 
 def read_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
-    """Parse versions.env, the single place the control-plane versions are pinned."""
+    """Parse the single-line ``KEY=value`` pins of a versions.env (control plane, or peers).
+
+    A line with one quote opens or closes a multi-line value (a shell build script's): skipped.
+    """
     versions: dict[str, str] = {}
     for raw in path.read_text().splitlines():
         line = raw.strip()
-        if line and not line.startswith("#") and "=" in line:
+        if line and not line.startswith("#") and "=" in line and line.count('"') != 1:
             key, _, value = line.partition("=")
             versions[key.strip()] = value.strip().strip("'\"")
     return versions
