@@ -10,9 +10,10 @@ to `projector.errors` so nothing above this layer knows httpx or kr8s exist.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,6 +113,19 @@ class Kube:
         if self._on_request is not None:
             self._on_request(verb, res.plural, code)
 
+    @contextlib.contextmanager
+    def _mapped(self, verb: str, res: Resource, lost: str) -> Iterator[None]:
+        """Turn kr8s' and httpx's errors into ours (the only place that knows them), counted."""
+        try:
+            yield
+        except kr8s.ServerError as e:
+            err = _from_response(e.response)
+            self._record(verb, res, err.status)
+            raise err from None
+        except (httpx.HTTPError, kr8s._exceptions.APITimeoutError, OSError) as e:
+            self._record(verb, res, 0)
+            raise ServerError(0, type(e).__name__, str(e) or lost) from None
+
     async def _request(
         self,
         verb: str,
@@ -135,7 +149,7 @@ class Kube:
             kwargs["params"] = dict(params)
         if body is not None:
             kwargs["content"] = json.dumps(body)
-        try:
+        with self._mapped(verb, res, "no response"):
             async with self._api.call_api(
                 method,
                 version=res.version,
@@ -145,13 +159,6 @@ class Kube:
             ) as response:
                 self._record(verb, res, response.status_code)
                 return response.json() if response.content else {}
-        except kr8s.ServerError as e:
-            err = _from_response(e.response)
-            self._record(verb, res, err.status)
-            raise err from None
-        except (httpx.HTTPError, kr8s._exceptions.APITimeoutError, OSError) as e:
-            self._record(verb, res, 0)
-            raise ServerError(0, type(e).__name__, str(e) or "no response") from None
 
     async def list(
         self,
@@ -209,7 +216,7 @@ class Kube:
             params["labelSelector"] = label_selector
         timeout = httpx.Timeout(self._timeout, read=read_deadline)
         await self._limit.acquire()
-        try:
+        with self._mapped("WATCH", res, "watch connection lost"):
             async with self._api.call_api(
                 "GET",
                 version=res.version,
@@ -231,12 +238,6 @@ class Kube:
                     if kind == "ERROR":
                         raise _from_status(obj)
                     yield kind, obj
-        except kr8s.ServerError as e:
-            err = _from_response(e.response)
-            self._record("WATCH", res, err.status)
-            raise err from None
-        except (httpx.HTTPError, kr8s._exceptions.APITimeoutError, OSError) as e:
-            raise ServerError(0, type(e).__name__, str(e) or "watch connection lost") from None
 
     async def get(
         self, res: Resource, name: str, *, namespace: str | None = None, metadata_only: bool = False
