@@ -27,7 +27,7 @@ import yaml
 from kubernetes import client, utils
 
 from tests.controlplane.plane import ControlPlane, free_port
-from tests.support import api_client, projector_kubeconfig
+from tests.support import api_client, eventually, projector_kubeconfig
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[1]
@@ -54,20 +54,14 @@ class Story:
         self.n += 1
         print(paint(f"[{self.n}] ", "1;36") + title)
         start = time.monotonic()
-        last: object = None
-        while time.monotonic() - start < timeout:
-            try:
-                value = check()
-                if value:
-                    took = (time.monotonic() - start) * 1000
-                    print(paint(f"    ✓ observed in {took:.0f} ms", "32"))
-                    return value
-            except client.ApiException as e:
-                last = f"{e.status} {e.reason}"
-            time.sleep(0.02)
-        print(paint(f"    ✗ not observed within {timeout:.0f}s (last: {last})", "31"))
-        self.failed.append(title)
-        return None
+        try:
+            value = eventually(check, timeout=timeout, interval=0.02)
+        except AssertionError as e:
+            print(paint(f"    ✗ {e}", "31"))
+            self.failed.append(title)
+            return None
+        print(paint(f"    ✓ observed in {(time.monotonic() - start) * 1000:.0f} ms", "32"))
+        return value
 
 
 def apply(api: client.ApiClient, path: Path) -> None:

@@ -26,7 +26,7 @@ async def until(cond: Callable[[], object], within: float = 20.0) -> None:
     """Await a condition with a deadline (the async twin of `eventually`)."""
     async with asyncio.timeout(within):
         while not cond():  # noqa: ASYNC110 - polls state another task changes, with a deadline
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # allowed-sleep: poll interval under asyncio.timeout
 
 
 def _key(o: Obj) -> ObjectKey:
