@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -231,7 +232,7 @@ class Snapshot:
     copies: Iterable[Copy]
     """Copies labelled with this grant name or owned by its uid (and, without `copies_at`,
     any copy at a place the grant may write)."""
-    live_grant_uids: frozenset[str]
+    live_grant_uids: AbstractSet[str]
     rivals: tuple[Grant, ...] = ()
     """Other live grants with the same target name; the older one wins a shared copy."""
     rival_sources: Mapping[ObjectKey, Source] = field(default_factory=dict)

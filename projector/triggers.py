@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 
 from projector.model import GRANT_LABEL, Copy, Grant, GrantRecord, Namespace, ObjectKey, Source
 
@@ -97,9 +98,13 @@ class Triggers:
             names |= self._by_target.get(old.key.name, set())
         return names
 
-    def live_uids(self) -> frozenset[str]:
-        """Uids of every grant that exists (valid or not): their copies are never orphans."""
-        return frozenset(self._uid_to_name)
+    def live_uids(self) -> AbstractSet[str]:
+        """Uids of every grant that exists (valid or not): their copies are never orphans.
+
+        A live view, not a copy: it is read once per reconcile, and copying it would cost
+        O(grants) on every reconcile.
+        """
+        return self._uid_to_name.keys()
 
     def rivals(self, grant: Grant) -> tuple[Grant, ...]:
         """Other valid grants with the same target name."""
