@@ -74,9 +74,8 @@ def world(n: int, *, in_sync: bool) -> reconcile.Snapshot:
         source=source,
         source_state=reconcile.SourceState.AVAILABLE,
         namespaces=namespaces,
-        copies=list(copies.values()),
+        copies=copies,
         live_grant_uids=frozenset({"uid-g"}),
-        copies_at=copies,
     )
 
 

@@ -1,8 +1,8 @@
 """The wiring root: builds every part once, runs them together, shuts them down cleanly.
 
-Order: HTTP port first (so /healthz answers during sync), then informers, then, once every
-cache is synced and this replica may lead, the workers. SIGTERM/SIGINT cancel the task group;
-the queue is shut down and the HTTP session closed, and no task is left behind.
+Order: HTTP port first (so /healthz answers during sync), then the informers that fill the
+store, then, once every cache is synced, the workers. SIGTERM/SIGINT stop it: the queue is shut
+down, the tasks cancelled and the HTTP session closed, and no task is left behind.
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ from projector import config as config_mod
 from projector.config import Config
 from projector.controller import Controller
 from projector.errors import ProjectorError
+from projector.informer import Informer
 from projector.kube import Kube
 from projector.queue import WorkQueue
+from projector.recorder import Recorder
+from projector.store import Store
 from projector.telemetry import Metrics, configure_logging, configure_tracing, http_app
 from projector.writer import Writer
 
@@ -47,28 +50,43 @@ async def run(
     kube = await Kube.connect(
         cfg.kubeconfig, qps=cfg.qps, burst=cfg.burst, on_request=metrics.on_request
     )
+    store = Store(kube)
+    informers = [Informer(kube, c, on_event=metrics.on_informer_event) for c in store.caches]
     queue: WorkQueue[str] = WorkQueue(
         debounce=cfg.debounce, debounce_max=cfg.debounce_max, on_event=metrics.on_queue_event
     )
-    writer = Writer(
-        kube,
-        concurrency=cfg.write_concurrency,
-        on_write=lambda step, result: metrics.writes.labels(step.action.value, result).inc(),
-    )
+    metrics.bind_queue(queue)
+    writer = Writer(kube, metrics=metrics, concurrency=cfg.write_concurrency)
     controller = Controller(
-        kube, config=cfg, metrics=metrics, queue=queue, writer=writer, tracer=configure_tracing()
+        store,
+        config=cfg,
+        metrics=metrics,
+        queue=queue,
+        writer=writer,
+        recorder=Recorder(writer, cfg.id),
+        tracer=configure_tracing(),
     )
-    runner = web.AppRunner(
-        http_app(metrics, alive=lambda: True, ready=controller.synced), access_log=None
-    )
+    tasks: list[asyncio.Task[None]] = []
+
+    def alive() -> bool:
+        """Every informer and the workers still run (a blocked loop cannot answer at all)."""
+        return all(not t.done() for t in tasks)
+
+    runner = web.AppRunner(http_app(metrics, alive=alive, ready=store.synced), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, cfg.http_host, cfg.http_port)
     await site.start()
     log.info("started", http=site.name, id=cfg.id, workers=cfg.workers)
-    leading = asyncio.Event()
-    leading.set()  # the seam for leader election: workers start only once this is set
-    metrics.leader.set(1)
-    task = asyncio.create_task(controller.run(leading), name="controller")
+
+    async def serve() -> None:
+        async with asyncio.TaskGroup() as tg:
+            tasks.extend(tg.create_task(i.run(), name=f"informer-{i.name}") for i in informers)
+            await asyncio.gather(*(c.synced.wait() for c in store.caches))
+            log.info("caches synced", **{c.spec.kind.value: len(c) for c in store.caches})
+            metrics.leader.set(1)  # the seam for leader election: workers start only when leading
+            tasks.append(tg.create_task(controller.run(), name="workers"))
+
+    task = asyncio.create_task(serve(), name="controller")
     stopper = asyncio.create_task(stop.wait(), name="stop")
     try:
         await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)

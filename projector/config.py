@@ -15,8 +15,6 @@ class Config:
 
     kubeconfig: str | None = None
     """Path to a kubeconfig; None: in-cluster config, then $KUBECONFIG."""
-    namespace: str = "projector-system"
-    """The controller's own namespace: its Lease lives here (Events go to `default`)."""
     http_port: int = 8080
     """One port for /metrics, /healthz and /readyz; 0 picks a free one."""
     http_host: str = "0.0.0.0"
@@ -48,7 +46,6 @@ def parse(argv: Sequence[str] | None = None) -> Config:
     d = Config()
     p = argparse.ArgumentParser(prog="projector run", description="Run the projector controller.")
     p.add_argument("--kubeconfig", default=os.environ.get("PROJECTOR_KUBECONFIG") or None)
-    p.add_argument("--namespace", default=_env("NAMESPACE", d.namespace))
     p.add_argument("--http-port", type=int, default=int(_env("HTTP_PORT", str(d.http_port))))
     p.add_argument("--http-host", default=_env("HTTP_HOST", d.http_host))
     p.add_argument("--workers", type=int, default=int(_env("WORKERS", str(d.workers))))
@@ -85,7 +82,6 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         p.error("need 0 <= --debounce <= --debounce-max")
     return Config(
         kubeconfig=a.kubeconfig,
-        namespace=a.namespace,
         http_port=a.http_port,
         http_host=a.http_host,
         workers=a.workers,

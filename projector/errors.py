@@ -34,11 +34,15 @@ class InvalidGrant(ProjectorError):
 class ApiError(ProjectorError):
     """The API server answered with an error status (or could not be reached: status 0)."""
 
-    def __init__(self, status: int, reason: str = "", message: str = "") -> None:
+    def __init__(
+        self, status: int, reason: str = "", message: str = "", causes: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(f"{status} {reason}: {message}".strip())
         self.status = status
         self.reason = reason
         self.message = message
+        self.causes = causes
+        """The `reason` of each of the Status' details.causes (e.g. NamespaceTerminating)."""
 
     @property
     def transient(self) -> bool:
@@ -62,6 +66,11 @@ class Conflict(ApiError):
 class Forbidden(ApiError):
     """403: RBAC or admission said no (a terminating namespace gives this on create)."""
 
+    @property
+    def namespace_terminating(self) -> bool:
+        """Tell a create refused because its namespace is being deleted (the API's own cause)."""
+        return "NamespaceTerminating" in self.causes
+
 
 class Gone(ApiError):
     """410: the watch's resourceVersion has been compacted away; the informer must relist."""
@@ -74,8 +83,15 @@ class Invalid(ApiError):
 class TooManyRequests(ApiError):
     """429: the server asks us to slow down, for `retry_after` seconds."""
 
-    def __init__(self, status: int, reason: str = "", message: str = "", retry_after: float = 1.0):
-        super().__init__(status, reason, message)
+    def __init__(
+        self,
+        status: int,
+        reason: str = "",
+        message: str = "",
+        causes: tuple[str, ...] = (),
+        retry_after: float = 1.0,
+    ):
+        super().__init__(status, reason, message, causes)
         self.retry_after = retry_after
 
 
@@ -93,11 +109,15 @@ _BY_STATUS: dict[int, type[ApiError]] = {
 
 
 def api_error(
-    status: int, reason: str = "", message: str = "", retry_after: float = 1.0
+    status: int,
+    reason: str = "",
+    message: str = "",
+    causes: tuple[str, ...] = (),
+    retry_after: float = 1.0,
 ) -> ApiError:
     """Build the most specific ApiError for an HTTP status."""
     if status == 429:
-        return TooManyRequests(status, reason, message, retry_after)
+        return TooManyRequests(status, reason, message, causes, retry_after)
     if status == 0 or status >= 500:
-        return ServerError(status, reason, message)
-    return _BY_STATUS.get(status, ApiError)(status, reason, message)
+        return ServerError(status, reason, message, causes)
+    return _BY_STATUS.get(status, ApiError)(status, reason, message, causes)

@@ -1,4 +1,4 @@
-"""Informers: list, then watch, into an in-memory cache; ours, because kr8s has none.
+"""Informers: list, then watch, into a store's cache; ours, because kr8s has none.
 
 The reflector loop is client-go's: LIST (paginated), then WATCH from the list's
 resourceVersion with bookmarks and a server timeout; a watch that ends normally resumes from
@@ -6,98 +6,66 @@ the last resourceVersion seen; a 410 Gone relists and turns what vanished into d
 other failure backs off (0.8 s doubling to 30 s) and retries. A client read deadline turns a
 silently stalled connection into an error, so a watch can never hang unnoticed.
 
-`healthy` is cleared whenever the cache may be behind the server (before the first list, while
-relisting, after a broken watch) and set again once a list or watch succeeds; the controller
-makes no delete while any informer is unhealthy.
+The cache's `healthy` is cleared whenever it may be behind the server (before the first list,
+while relisting, after a broken watch) and set again once a list or watch succeeds; the
+controller makes no delete while any cache is unhealthy. An exception from the store's indexes
+is a bug: it is not caught here, so it ends the informer and the process, loudly, rather than
+leave a change unseen.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Hashable, Iterator, Mapping
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
 
 import structlog
 
+from projector.api import Api, Obj
 from projector.errors import ApiError, Gone, ProjectorError
-from projector.kube import Kube, Obj, Resource
+from projector.store import Cache
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
-
-Handler = Callable[[Any, Any], None]
-"""Called with (old, new) parsed objects; old is None on add, new is None on delete."""
 
 log = structlog.get_logger("projector.informer")
 
 
 class Informer(Generic[K, T]):
-    """A cache of one kind, kept current by list+watch, calling `on_change` for every change."""
+    """Keeps one cache current by list+watch."""
 
     def __init__(
         self,
-        kube: Kube,
-        resource: Resource,
+        api: Api,
+        cache: Cache[K, T],
         *,
-        parse: Callable[[Obj], T],
-        key: Callable[[Obj], K],
-        label_selector: str | None = None,
-        on_change: Handler | None = None,
         timeout_seconds: int = 300,
         read_deadline: float = 90.0,
         on_event: Callable[[str, str], None] | None = None,
         backoff: tuple[float, float] = (0.8, 30.0),
     ) -> None:
-        self.kube = kube
+        self.api = api
+        self.cache = cache
+        self.spec = cache.spec
         self._backoff = backoff
-        self.resource = resource
-        self.label_selector = label_selector
-        self._parse = parse
-        self._key = key
-        self._on_change = on_change
         self._on_event = on_event
         self._timeout_seconds = timeout_seconds
         self._read_deadline = read_deadline
-        self._items: dict[K, T] = {}
         self.resource_version = ""
-        self.synced = asyncio.Event()
-        """Set once the first list is in the cache; never cleared."""
-        self.healthy = asyncio.Event()
-        """Set while the cache is known to follow the server."""
 
     @property
     def name(self) -> str:
         """The kind this informer caches, for logs and metrics."""
-        return self.resource.plural
+        return self.spec.kind.value
 
-    def get(self, key: K) -> T | None:
-        """The cached object under `key`, if any."""
-        return self._items.get(key)
-
-    @property
-    def items(self) -> Mapping[K, T]:
-        """A read-only view of the cache (not a copy: read it, do not keep it across awaits)."""
-        return self._items
-
-    def __iter__(self) -> Iterator[T]:
-        return iter(list(self._items.values()))
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def _emit(self, kind: str, old: T | None, new: T | None) -> None:
+    def _event(self, kind: str) -> None:
         if self._on_event is not None:
             self._on_event(self.name, kind)
-        if self._on_change is not None and old != new:
-            try:
-                self._on_change(old, new)
-            except Exception:  # a handler bug must not kill the informer; it is logged loudly
-                log.exception("informer handler failed", kind=self.name)
 
     def _parse_safe(self, obj: Obj) -> tuple[K, T] | None:
         try:
-            return self._key(obj), self._parse(obj)
+            return self.spec.key(obj), self.spec.parse(obj)
         except (KeyError, TypeError, ValueError, ProjectorError) as e:
             meta = obj.get("metadata") or {}
             log.warning(
@@ -109,24 +77,23 @@ class Informer(Generic[K, T]):
             return None
 
     async def _relist(self) -> None:
-        """Replace the cache with a fresh list; what vanished is reported as deleted."""
-        objs, rv = await self.kube.list(self.resource, label_selector=self.label_selector)
-        fresh: dict[K, T] = {}
+        """Bring the cache to a fresh list; what vanished is reported as deleted."""
+        objs, rv = await self.api.list(self.spec.resource, label_selector=self.spec.label_selector)
+        seen: set[K] = set()
         for obj in objs:
             parsed = self._parse_safe(obj)
-            if parsed is not None:
-                fresh[parsed[0]] = parsed[1]
-        old_items, self._items = self._items, fresh
-        for k, new in fresh.items():
-            old = old_items.get(k)
+            if parsed is None:
+                continue
+            k, new = parsed
+            seen.add(k)
+            old = self.cache.put(k, new)
             if old != new:
-                self._emit("ADDED" if old is None else "MODIFIED", old, new)
-        for k, old in old_items.items():
-            if k not in fresh:
-                self._emit("DELETED", old, None)
+                self._event("ADDED" if old is None else "MODIFIED")
+        for k in [k for k in self.cache if k not in seen]:
+            self.cache.pop(k)
+            self._event("DELETED")
         self.resource_version = rv
-        if self._on_event is not None:
-            self._on_event(self.name, "RELIST")
+        self._event("RELIST")
 
     def _apply(self, kind: str, obj: Obj) -> None:
         parsed = self._parse_safe(obj)
@@ -135,37 +102,35 @@ class Informer(Generic[K, T]):
             self.resource_version = str(rv)
         if parsed is None:
             return
+        self._event(kind)
         k, new = parsed
-        old = self._items.get(k)
         if kind == "DELETED":
-            if old is not None:
-                del self._items[k]
-                self._emit(kind, old, None)
+            self.cache.pop(k)
         else:
-            self._items[k] = new
-            self._emit(kind, old, new)
+            self.cache.put(k, new)
 
     async def run(self) -> None:
         """Keep the cache current until cancelled."""
         delay = 0.0
         need_list = True
+        healthy = self.cache.healthy
         while True:
             try:
                 if need_list:
-                    self.healthy.clear()
+                    healthy.clear()
                     await self._relist()
                     need_list = False
-                    self.synced.set()
-                    self.healthy.set()
-                async for kind, obj in self.kube.watch(
-                    self.resource,
+                    self.cache.synced.set()
+                    healthy.set()
+                async for kind, obj in self.api.watch(
+                    self.spec.resource,
                     resource_version=self.resource_version,
-                    label_selector=self.label_selector,
+                    label_selector=self.spec.label_selector,
                     timeout_seconds=self._timeout_seconds
                     + random.randint(0, self._timeout_seconds // 2),
                     read_deadline=self._read_deadline,
                 ):
-                    self.healthy.set()
+                    healthy.set()
                     delay = 0.0
                     if kind == "OPEN":
                         continue
@@ -176,13 +141,12 @@ class Informer(Generic[K, T]):
                         continue
                     self._apply(kind, obj)
                 # A normal end (server timeout): resume from the last resourceVersion.
-                if self._on_event is not None:
-                    self._on_event(self.name, "WATCH_RESTART")
+                self._event("WATCH_RESTART")
             except Gone:
                 log.info("watch expired; relisting", kind=self.name)
                 need_list = True
             except ApiError as e:
-                self.healthy.clear()
+                healthy.clear()
                 delay = min(self._backoff[1], max(self._backoff[0], delay * 2))
                 log.warning(
                     "watch failed; retrying",
@@ -191,8 +155,7 @@ class Informer(Generic[K, T]):
                     reason=e.reason,
                     retry_in=round(delay, 2),
                 )
-                if self._on_event is not None:
-                    self._on_event(self.name, "ERROR")
+                self._event("ERROR")
                 await asyncio.sleep(delay)
                 if not self.resource_version:
                     need_list = True

@@ -14,42 +14,18 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import kr8s
 import kr8s.asyncio
 
+from projector.api import Obj, Resource
 from projector.errors import ApiError, ProjectorError, ServerError, api_error
 from projector.model import FIELD_MANAGER
 
-Obj = dict[str, Any]
-"""A raw Kubernetes object as decoded from JSON."""
-
 _METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 _METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
-
-
-@dataclass(frozen=True, slots=True)
-class Resource:
-    """Where a kind lives in the API: group/version, plural, and whether it is namespaced."""
-
-    version: str
-    plural: str
-    namespaced: bool
-    kind: str
-
-    def url(self, name: str | None = None, subresource: str | None = None) -> str:
-        """The part of the path after the namespace (kr8s builds the prefix)."""
-        return "/".join(p for p in (self.plural, name, subresource) if p)
-
-
-SECRETS = Resource("v1", "secrets", True, "Secret")
-NAMESPACES = Resource("v1", "namespaces", False, "Namespace")
-EVENTS = Resource("v1", "events", True, "Event")
-LEASES = Resource("coordination.k8s.io/v1", "leases", True, "Lease")
-GRANTS = Resource("projector.nebari.dev/v1alpha1", "projectiongrants", False, "ProjectionGrant")
 
 
 class TokenBucket:
@@ -82,7 +58,7 @@ RequestHook = Callable[[str, str, int], None]
 
 
 class Kube:
-    """A thin async client for the handful of calls projector makes."""
+    """The `projector.api.Api` over kr8s' httpx session (plus `patch`, for benchmarks)."""
 
     def __init__(
         self,
@@ -312,10 +288,17 @@ class Kube:
             await session.aclose()
 
 
+def _causes(status: Mapping[str, Any]) -> tuple[str, ...]:
+    details = status.get("details") or {}
+    return tuple(str(c.get("reason", "")) for c in details.get("causes") or () if c)
+
+
 def _from_status(status: Mapping[str, Any]) -> ApiError:
     """Map a metav1.Status (from a body or an in-stream watch ERROR) to our error tree."""
     code = int(status.get("code") or 0)
-    return api_error(code, str(status.get("reason", "")), str(status.get("message", "")))
+    return api_error(
+        code, str(status.get("reason", "")), str(status.get("message", "")), _causes(status)
+    )
 
 
 def _from_response(response: httpx.Response | None) -> ApiError:
@@ -338,5 +321,6 @@ def _from_response(response: httpx.Response | None) -> ApiError:
         response.status_code,
         str(body.get("reason", response.reason_phrase)),
         str(body.get("message", "")),
+        _causes(body),
         retry_after,
     )

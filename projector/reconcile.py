@@ -30,6 +30,7 @@ from projector.model import (
     SOURCE_ANNOTATION,
     Copy,
     Grant,
+    GrantRecord,
     Namespace,
     ObjectKey,
     OnRevoke,
@@ -63,6 +64,14 @@ class Action(StrEnum):
     """Nothing to write: in sync, retained, denied, conflicted or waiting."""
 
 
+class WriteResult(StrEnum):
+    """How one write ended (the `result` label of projector_writes_total)."""
+
+    OK = "ok"
+    ERROR = "error"
+    CONFLICT = "conflict"
+
+
 class Reason(StrEnum):
     """Why a namespace is in the state it is in; status and Events use these codes."""
 
@@ -86,6 +95,8 @@ UNCOPYABLE_TYPES = frozenset(
     {"kubernetes.io/service-account-token", "bootstrap.kubernetes.io/token"}
 )
 """Types the API server ties to their namespace; their copies are plain Opaque Secrets."""
+
+CONFLICT_MESSAGE = "a Secret of that name exists and is not owned by this grant"
 
 FAILURE_REASONS = frozenset(
     {
@@ -191,13 +202,23 @@ class Step:
 class Plan:
     """Everything one reconcile of a grant name decided; the writer executes `writes`."""
 
-    grant_name: str
-    grant: Grant | None
+    snapshot: Snapshot
+    """What the decisions were made on; the writer asks `claim` of it for a copy it meets."""
     source_state: SourceState
     desired: Desired | None
     steps: tuple[Step, ...]
     matched: int
     """Namespaces the admin's grant aims at (the producer's opt-in not yet applied)."""
+
+    @property
+    def grant_name(self) -> str:
+        """The work item: a grant name, whether or not a grant of that name exists."""
+        return self.snapshot.grant_name
+
+    @property
+    def grant(self) -> Grant | None:
+        """The live grant of that name, if any."""
+        return self.snapshot.grant
 
     @property
     def writes(self) -> tuple[Step, ...]:
@@ -222,23 +243,68 @@ class Outcome:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """The state one reconcile reads, taken from the informers' caches at one moment."""
+    """The state one reconcile reads, as values taken at one moment (`store.Store.snapshot`).
+
+    Every mapping is the snapshot's own (the store hands out read-only proxies of fresh dicts
+    or of dicts it never changes again), so a plan stays explainable after the cache moves on.
+    """
 
     grant_name: str
     grant: Grant | None
     source: Source | None
     source_state: SourceState
     namespaces: Mapping[str, Namespace]
-    copies: Iterable[Copy]
-    """Copies labelled with this grant name or owned by its uid (and, without `copies_at`,
-    any copy at a place the grant may write)."""
+    """At least every existing namespace the grant targets (more is harmless)."""
+    copies: Mapping[ObjectKey, Copy]
+    """Every cached copy at the grant's target name, labelled with its name or owned by its uid."""
     live_grant_uids: AbstractSet[str]
+    """Uids of every grant that exists: their copies are never orphans."""
     rivals: tuple[Grant, ...] = ()
     """Other live grants with the same target name; the older one wins a shared copy."""
     rival_sources: Mapping[ObjectKey, Source] = field(default_factory=dict)
-    copies_at: Mapping[ObjectKey, Copy] | None = None
-    """Every cached copy by key (a superset of `copies`), looked up at each wanted place: the
-    informer's own dict, so a snapshot costs no copying."""
+    record: GrantRecord | None = None
+    """The cached grant object behind `grant` (its stored status), or why it is invalid."""
+
+
+class Claim(StrEnum):
+    """Whose a copy is, as far as one grant name may act on it (see `claim`)."""
+
+    OWN = "Own"
+    """It carries this grant's uid."""
+    ORPHAN = "Orphan"
+    """An earlier grant of this name left it: it names this grant and a uid no grant has."""
+    JUNIOR = "Junior"
+    """A younger grant that also wants this copy here holds it; the older grant wins."""
+    FOREIGN = "Foreign"
+    """Anything else, an unmarked Secret included: never written, never deleted."""
+
+
+def claim(snap: Snapshot, copy: Copy, ns: Namespace | None = None) -> Claim:
+    """The one ownership rule: may the snapshot's grant name write or delete this copy?
+
+    Ownership is the grant-uid annotation written by projector's field manager, never a label
+    alone. `ns` (where the copy is) is needed only to recognise a junior rival's copy.
+    """
+    uid = copy.grant_uid
+    if not uid:
+        return Claim.FOREIGN
+    grant = snap.grant
+    if grant is not None and uid == grant.uid:
+        return Claim.OWN
+    if uid not in snap.live_grant_uids and copy.labels.get(GRANT_LABEL) == snap.grant_name:
+        return Claim.ORPHAN
+    if (
+        grant is not None
+        and ns is not None
+        and any(
+            r.uid == uid
+            and r.seniority > grant.seniority
+            and _wants(r, snap.rival_sources.get(r.source), ns)
+            for r in snap.rivals
+        )
+    ):
+        return Claim.JUNIOR
+    return Claim.FOREIGN
 
 
 def desired_copy(grant: Grant, source: Source) -> Desired | str:
@@ -337,20 +403,12 @@ def _recorded_policy(copy: Copy) -> OnRevoke:
 def plan(snap: Snapshot) -> Plan:
     """Decide, for every namespace touched by a grant name, what to write and why."""
     grant = snap.grant
-    # Copies this grant name may act on: its own (by uid), or orphans of an earlier grant of the
-    # same name (label matches, uid belongs to no live grant).
-    owned: dict[ObjectKey, Copy] = {}
-    for c in snap.copies:
-        uid = c.grant_uid
-        if uid and (
-            (grant is not None and uid == grant.uid)
-            or (c.labels.get(GRANT_LABEL) == snap.grant_name and uid not in snap.live_grant_uids)
-        ):
-            owned[c.key] = c
+    # Copies this grant name may act on wherever they are: its own, and orphans of its name.
+    owned = {k: c for k, c in snap.copies.items() if claim(snap, c) is not Claim.FOREIGN}
 
     if grant is None or grant.deleting:
         gone = tuple(_revoke(c, Reason.REVOKED, _recorded_policy(c)) for c in owned.values())
-        return Plan(snap.grant_name, grant, snap.source_state, None, gone, 0)
+        return Plan(snap, snap.source_state, None, gone, 0)
 
     steps: list[Step] = []
     handled: set[ObjectKey] = set()
@@ -367,9 +425,7 @@ def plan(snap: Snapshot) -> Plan:
         else:
             missing_key = built
 
-    lookup = snap.copies_at
-    if lookup is None:
-        lookup = {c.key: c for c in snap.copies}
+    lookup = snap.copies
     candidates = set(grant.namespaces)
     if grant.selector is not None:
         candidates.update(n for n, ns in snap.namespaces.items() if grant.targets(n, ns.labels))
@@ -442,7 +498,7 @@ def plan(snap: Snapshot) -> Plan:
                 )
             )
             continue
-        steps.append(_converge(snap, grant, desired, ns, existing))
+        steps.append(_converge(snap, desired, ns, existing))
 
     # Owned copies the grant no longer wants here (untargeted namespace, renamed target).
     for key, copy in owned.items():
@@ -452,43 +508,16 @@ def plan(snap: Snapshot) -> Plan:
             steps.append(Step(key.namespace, Action.NOOP, Reason.SOURCE_UNKNOWN, copy, key.name))
         else:
             steps.append(_revoke(copy, Reason.REVOKED, grant.on_revoke))
-    return Plan(snap.grant_name, grant, state, desired, tuple(steps), matched)
+    return Plan(snap, state, desired, tuple(steps), matched)
 
 
-def _converge(
-    snap: Snapshot, grant: Grant, desired: Desired, ns: Namespace, existing: Copy | None
-) -> Step:
-    """Bring the copy in one wanted namespace to the desired content, if it is ours to write.
-
-    Ours: it carries this grant's uid; or it is an orphan of an earlier grant of the same name
-    (its uid names no live grant); or its owner is a younger grant that also wants it here
-    (the older grant wins). Anything else, an unmarked Secret included, is a Conflict.
-    """
+def _converge(snap: Snapshot, desired: Desired, ns: Namespace, existing: Copy | None) -> Step:
+    """Bring the copy in one wanted namespace to the desired content, if `claim` says we may."""
     name = desired.name
     if existing is None:
         return Step(ns.name, Action.CREATE, Reason.PROJECTED, None, name)
-    owner = existing.grant_uid
-    if owner != grant.uid:
-        orphan = (
-            bool(owner)
-            and owner not in snap.live_grant_uids
-            and existing.labels.get(GRANT_LABEL) == grant.name
-        )
-        junior = any(
-            r.uid == owner
-            and r.seniority > grant.seniority
-            and _wants(r, snap.rival_sources.get(r.source), ns)
-            for r in snap.rivals
-        )
-        if not (orphan or junior):
-            return Step(
-                ns.name,
-                Action.NOOP,
-                Reason.CONFLICT,
-                existing,
-                name,
-                message="a Secret of that name exists and is not owned by this grant",
-            )
+    if claim(snap, existing, ns) is Claim.FOREIGN:
+        return Step(ns.name, Action.NOOP, Reason.CONFLICT, existing, name, CONFLICT_MESSAGE)
     if existing.deleting:
         return Step(ns.name, Action.NOOP, Reason.COPY_DELETING, existing, name)
     if existing.type != desired.type or existing.immutable:

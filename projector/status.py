@@ -1,8 +1,9 @@
-"""Pure: from a reconcile's outcomes to the grant's status and the Events worth telling.
+"""Pure: from a reconcile's outcomes to the grant's status, its Events and the queue's next step.
 
-A status is written at most once per reconcile, and only when it differs from the stored one
-(ignoring transition times), so a controller restart over an up-to-date cluster writes nothing.
-Nothing here ever sees a Secret value: outcomes carry reasons and namespace names only.
+The only place a status is shaped. A status is written at most once per reconcile, and only
+when it differs from the stored one (ignoring transition times), so a controller restart over
+an up-to-date cluster writes nothing. Nothing here ever sees a Secret value: outcomes carry
+reasons and namespace names only.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
+from projector.model import GrantRecord
 from projector.reconcile import FAILURE_REASONS, Action, Outcome, Plan, Reason, SourceState
 
 MAX_FAILURES = 20
@@ -35,6 +38,57 @@ def _condition(type_: str, ok: bool, reason: str, message: str, generation: int)
         "message": message,
         "observedGeneration": generation,
     }
+
+
+class Result(StrEnum):
+    """What a reconcile tells the work queue (controller-runtime's Result, as data)."""
+
+    OK = "success"
+    """Done: forget the key's failures."""
+    RECHECK = "recheck"
+    """Done, but look again later: a conflicting object is not cached, so no event will come."""
+    ERROR = "error"
+    """Retry with per-key exponential backoff."""
+    UNHEALTHY = "requeue"
+    """A cache may be behind the server: nothing was done; retry shortly."""
+
+    @property
+    def metric(self) -> str:
+        """The `result` label of projector_reconcile_total."""
+        return Result.OK.value if self is Result.RECHECK else self.value
+
+
+def verdict(plan: Plan, outcomes: Iterable[Outcome]) -> Result:
+    """Retry failed writes and unreadable sources; look again later at conflicts."""
+    reasons = {o.reason for o in outcomes}
+    if Reason.WRITE_FAILED in reasons or (
+        plan.grant is not None and plan.source_state is SourceState.UNKNOWN
+    ):
+        return Result.ERROR
+    if Reason.CONFLICT in reasons:
+        return Result.RECHECK
+    return Result.OK
+
+
+def _targets(matched: int = 0, projected: int = 0, conflicted: int = 0, denied: int = 0) -> Any:
+    return {"matched": matched, "projected": projected, "conflicted": conflicted, "denied": denied}
+
+
+def invalid(rec: GrantRecord) -> dict[str, Any]:
+    """The status of a grant whose spec cannot be acted on (nothing is written for it)."""
+    return {
+        "observedGeneration": rec.generation,
+        "conditions": [
+            _condition("Ready", False, "InvalidSpec", rec.invalid or "", rec.generation)
+        ],
+        "targets": _targets(),
+        "failures": [],
+    }
+
+
+def is_ready(status: Mapping[str, Any]) -> bool:
+    """Tell whether a status says Ready=True."""
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in status["conditions"])
 
 
 def compute(plan: Plan, outcomes: Sequence[Outcome]) -> dict[str, Any]:
@@ -87,12 +141,7 @@ def compute(plan: Plan, outcomes: Sequence[Outcome]) -> dict[str, Any]:
     return {
         "observedGeneration": generation,
         "conditions": conditions,
-        "targets": {
-            "matched": plan.matched,
-            "projected": projected,
-            "conflicted": conflicted,
-            "denied": denied,
-        },
+        "targets": _targets(plan.matched, projected, conflicted, denied),
         "failures": failures,
     }
 
@@ -108,19 +157,16 @@ def _failures(outcomes: Iterable[Outcome]) -> list[dict[str, str]]:
     ]
 
 
-def merge_transition_times(new: dict[str, Any], old: Mapping[str, Any] | None, now: str) -> None:
-    """Stamp lastTransitionTime: kept from `old` where a condition's status did not change."""
+def stamped(new: Mapping[str, Any], old: Mapping[str, Any] | None, now: str) -> dict[str, Any]:
+    """`new` with lastTransitionTime on each condition: kept from `old` where its status held."""
     before = {c.get("type"): c for c in (old or {}).get("conditions") or ()}
+    conditions = []
     for c in new["conditions"]:
         prev = before.get(c["type"])
-        if (
-            prev is not None
-            and prev.get("status") == c["status"]
-            and prev.get("lastTransitionTime")
-        ):
-            c["lastTransitionTime"] = prev["lastTransitionTime"]
-        else:
-            c["lastTransitionTime"] = now
+        kept = prev is not None and prev.get("status") == c["status"]
+        since = prev.get("lastTransitionTime") if kept and prev is not None else None
+        conditions.append({**c, "lastTransitionTime": since or now})
+    return {**new, "conditions": conditions}
 
 
 def unchanged(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:

@@ -1,8 +1,9 @@
 """Metrics, logs, traces and the one HTTP port (/metrics, /healthz, /readyz).
 
-Metrics live on a registry passed in (never the global one), so tests and benchmarks can run
-several controllers in one process. Labels carry grant names, namespaces and reason codes:
-never a Secret value.
+Every metric is updated here, through `Metrics`' methods, and label values come from the enums
+that name them (`Action`, `WriteResult`, `Reason`, `Result`), created at 0 up front. Metrics live
+on a registry passed in (never the global one), so tests and benchmarks can run several
+controllers in one process. Labels carry kinds and reason codes: never a Secret value.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import structlog
@@ -21,6 +24,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
+
+from projector.model import HASH_ANNOTATION
+from projector.reconcile import Action, Outcome, Plan, Reason, WriteResult
+from projector.status import Result
 
 _LATENCY_BUCKETS = (
     0.001,
@@ -117,11 +124,75 @@ class Metrics:
             "Copies restored after someone changed them.",
             registry=r,
         )
-        for result in ("success", "error", "requeue"):
-            self.reconciles.labels(result)
-        for action in ("Create", "Update", "Replace", "Delete"):
-            for result in ("ok", "error", "conflict"):
-                self.writes.labels(action, result)
+        for result in Result:
+            self.reconciles.labels(result.metric)
+        for action in Action:
+            if action is not Action.NOOP:
+                for outcome in WriteResult:
+                    self.writes.labels(action.value, outcome.value)
+        for reason in Reason:
+            self.projections.labels(reason.value)
+        for ready in (True, False):
+            self.grants.labels(_ready(ready))
+        self._triggered: dict[str, float] = {}
+        self._states: dict[str, Tally[str]] = {}
+        self._ready: dict[str, bool] = {}
+
+    def triggered(self, names: Iterable[str], now: float | None = None) -> None:
+        """A change was observed for these grants: their projection latency starts now."""
+        t = time.monotonic() if now is None else now
+        for name in names:
+            self._triggered.setdefault(name, t)
+
+    def started(self, name: str, now: float) -> float | None:
+        """A reconcile of `name` starts: observe its queue wait; return when it was triggered."""
+        since = self._triggered.pop(name, None)
+        if since is not None:
+            self.queue_wait.observe(now - since)
+        return since
+
+    def observe(
+        self, plan: Plan, outcomes: Sequence[Outcome], since: float | None, done: float
+    ) -> None:
+        """After a plan ran: projection latency per copy written, drift corrected, states."""
+        tid = trace_id()
+        exemplar = {"trace_id": tid} if tid else None
+        for o in outcomes:
+            if not o.written:
+                continue
+            step = o.step
+            if step.action in _PROJECTING and since is not None:
+                self.projection_latency.observe(done - since, exemplar=exemplar)
+            if (
+                step.action is Action.UPDATE
+                and step.existing is not None
+                and plan.desired is not None
+                and step.existing.annotations.get(HASH_ANNOTATION) == plan.desired.hash
+            ):
+                self.drift_corrections.inc()  # our content hash, other content: someone edited
+        states = Tally(o.reason.value for o in outcomes)
+        old = self._states.pop(plan.grant_name, Tally())
+        if plan.grant is not None:
+            self._states[plan.grant_name] = states
+        for state in set(old) | set(states):
+            self.projections.labels(state).inc(states[state] - old[state])
+
+    def grant_ready(self, name: str, ready: bool | None) -> None:
+        """Count grant `name` as ready or not; None: it is gone."""
+        was = self._ready.pop(name, None)
+        if was is not None:
+            self.grants.labels(_ready(was)).dec()
+        if ready is not None:
+            self._ready[name] = ready
+            self.grants.labels(_ready(ready)).inc()
+
+    def reconciled(self, result: Result) -> None:
+        """One reconcile ended with `result`."""
+        self.reconciles.labels(result.metric).inc()
+
+    def write(self, action: Action, result: WriteResult) -> None:
+        """One copy write ended with `result`."""
+        self.writes.labels(action.value, result.value).inc()
 
     def bind_queue(self, queue: Any) -> None:
         """Read the queue's gauges at scrape time, so they are never stale."""
@@ -140,6 +211,13 @@ class Metrics:
     def on_queue_event(self, event: str, _key: object) -> None:
         """The work queue's event hook."""
         self.queue_events.labels(event).inc()
+
+
+_PROJECTING = frozenset({Action.CREATE, Action.UPDATE, Action.REPLACE})
+
+
+def _ready(ready: bool) -> str:
+    return "true" if ready else "false"
 
 
 def configure_logging(level: str = "info", stream: Any = None) -> None:

@@ -1,17 +1,23 @@
-"""The only code that writes copies: executes a plan's steps, never decides what to write.
+"""The one write path: copies, grant statuses and Events all pass `Writer._send`.
 
-Writes are concurrent up to a bound shared by every reconcile, carry optimistic-concurrency
-preconditions (PUT with the cached resourceVersion; DELETE with uid and resourceVersion), and
-retry transient failures (5xx, lost connections, 429 after its Retry-After) a few times with
-tenacity before reporting the step as failed, which makes the controller requeue the grant.
+`_send` is the choke point a leader-election fence guards: nothing else writes.
+
+The writer executes a plan's steps and never decides what to write: when a create meets a
+Secret the cache did not hold, `reconcile.claim` (the one ownership rule) says whether it may
+be written. Copy writes are concurrent up to a bound shared by every reconcile, carry
+optimistic-concurrency preconditions (PUT with the cached resourceVersion; DELETE with uid and
+resourceVersion), and retry transient failures (5xx, lost connections, 429 after its
+Retry-After) a few times with tenacity before reporting the step as failed, which makes the
+controller requeue the grant.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
+import structlog
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
@@ -20,13 +26,26 @@ from tenacity import (
 )
 from tenacity.wait import wait_base
 
+from projector.api import EVENTS, GRANTS, SECRETS, Api, Obj
 from projector.errors import ApiError, Conflict, Forbidden, NotFound, TooManyRequests
-from projector.kube import SECRETS, Kube
-from projector.model import GRANT_UID_ANNOTATION, marked_by_projector, parse_copy
-from projector.reconcile import Action, Desired, Outcome, Plan, Reason, Step
+from projector.model import parse_copy
+from projector.reconcile import (
+    CONFLICT_MESSAGE,
+    Action,
+    Claim,
+    Desired,
+    Outcome,
+    Plan,
+    Reason,
+    Step,
+    WriteResult,
+    claim,
+)
+from projector.telemetry import Metrics
 
-WriteHook = Callable[[Step, str], None]
-"""Called after each write with the step and its result: ok, error or conflict."""
+R = TypeVar("R")
+
+log = structlog.get_logger("projector.writer")
 
 
 class _RetryAfterOrBackoff(wait_base):
@@ -47,21 +66,25 @@ def _transient(e: BaseException) -> bool:
     return isinstance(e, ApiError) and e.transient and not isinstance(e, Conflict)
 
 
+_RESULTS = {Reason.WRITE_FAILED: WriteResult.ERROR, Reason.CONFLICT: WriteResult.CONFLICT}
+
+
 class Writer:
-    """Executes plans against the API with bounded concurrency and retries."""
+    """Executes plans, writes statuses and records Events; the only code that writes."""
 
     def __init__(
-        self,
-        kube: Kube,
-        *,
-        concurrency: int = 32,
-        attempts: int = 4,
-        on_write: WriteHook | None = None,
+        self, api: Api, *, metrics: Metrics, concurrency: int = 32, attempts: int = 4
     ) -> None:
-        self.kube = kube
+        self._api = api
+        self._metrics = metrics
         self._slots = asyncio.Semaphore(concurrency)
         self._attempts = attempts
-        self._on_write = on_write
+
+    async def _send(self, write: Callable[[Api], Awaitable[R]]) -> R:
+        """The choke point: every write passes here, and nowhere else."""
+        return await write(self._api)
+
+    # --- copies ---------------------------------------------------------------------------------
 
     async def execute(self, plan: Plan) -> list[Outcome]:
         """Run every write of the plan; NoOp steps pass through as outcomes unchanged."""
@@ -85,19 +108,11 @@ class Writer:
                     with attempt:
                         outcome = await self._write(plan, step)
             except ApiError as e:
-                self._hook(step, "error")
-                return Outcome(
+                outcome = Outcome(
                     step, Reason.WRITE_FAILED, f"{step.action.value}: {e.status} {e.reason}"
                 )
-            result = {Reason.WRITE_FAILED: "error", Reason.CONFLICT: "conflict"}.get(
-                outcome.reason, "ok"
-            )
-            self._hook(step, result)
+            self._metrics.write(step.action, _RESULTS.get(outcome.reason, WriteResult.OK))
             return outcome
-
-    def _hook(self, step: Step, result: str) -> None:
-        if self._on_write is not None:
-            self._on_write(step, result)
 
     async def _write(self, plan: Plan, step: Step) -> Outcome:
         ns, desired = step.namespace, plan.desired
@@ -112,7 +127,7 @@ class Writer:
         if step.action is Action.UPDATE and step.existing is not None:
             body = desired.manifest(ns, step.existing.resource_version, keep=step.existing)
             try:
-                await self.kube.replace(SECRETS, body, namespace=ns)
+                await self._send(lambda api: api.replace(SECRETS, body, namespace=ns))
             except NotFound:
                 return await self._create(plan, step, desired)
             return Outcome(step, Reason.PROJECTED, written=True)
@@ -120,8 +135,9 @@ class Writer:
 
     async def _create(self, plan: Plan, step: Step, desired: Desired) -> Outcome:
         ns = step.namespace
+        body = desired.manifest(ns)
         try:
-            await self.kube.create(SECRETS, desired.manifest(ns), namespace=ns)
+            await self._send(lambda api: api.create(SECRETS, body, namespace=ns))
             return Outcome(step, Reason.PROJECTED, written=True)
         except Conflict as e:
             if not e.already_exists:
@@ -129,33 +145,31 @@ class Writer:
         except NotFound:
             return Outcome(step, Reason.NAMESPACE_MISSING, "namespace not found")
         except Forbidden as e:
-            if "terminat" in e.message:
+            if e.namespace_terminating:
                 return Outcome(step, Reason.TERMINATING)
             raise
-        # The name is taken by a Secret our cache does not hold: ours only if it says so.
-        meta = await self.kube.get(SECRETS, desired.name, namespace=ns, metadata_only=True)
-        meta = meta.get("metadata") or {}
-        grant = plan.grant
-        owner = (meta.get("annotations") or {}).get(GRANT_UID_ANNOTATION)
-        if grant is None or owner != grant.uid or not marked_by_projector(meta):
-            return Outcome(
-                step, Reason.CONFLICT, "a Secret of that name exists and is not owned by this grant"
-            )
-        stored = parse_copy({"metadata": {**meta, "namespace": ns, "name": desired.name}})
-        body = desired.manifest(ns, str(meta.get("resourceVersion", "")), keep=stored)
-        await self.kube.replace(SECRETS, body, namespace=ns)
+        # The name is taken by a Secret the cache does not hold: the ownership rule decides.
+        obj = await self._api.get(SECRETS, desired.name, namespace=ns, metadata_only=True)
+        meta = {**(obj.get("metadata") or {}), "namespace": ns, "name": desired.name}
+        stored = parse_copy({"metadata": meta})
+        if claim(plan.snapshot, stored, plan.snapshot.namespaces.get(ns)) is Claim.FOREIGN:
+            return Outcome(step, Reason.CONFLICT, CONFLICT_MESSAGE)
+        update = desired.manifest(ns, stored.resource_version, keep=stored)
+        await self._send(lambda api: api.replace(SECRETS, update, namespace=ns))
         return Outcome(step, Reason.PROJECTED, written=True)
 
     async def _delete(self, step: Step) -> Outcome:
         copy = step.existing
         assert copy is not None, "a delete always names the copy it deletes"
         try:
-            await self.kube.delete(
-                SECRETS,
-                copy.key.name,
-                namespace=copy.key.namespace,
-                uid=copy.uid,
-                resource_version=copy.resource_version,
+            await self._send(
+                lambda api: api.delete(
+                    SECRETS,
+                    copy.key.name,
+                    namespace=copy.key.namespace,
+                    uid=copy.uid,
+                    resource_version=copy.resource_version,
+                )
             )
         except NotFound:
             pass  # already gone: the goal is reached
@@ -163,3 +177,23 @@ class Writer:
             # The copy changed since we decided: decide again on fresh state.
             return Outcome(step, Reason.WRITE_FAILED, "copy changed since planned; will retry")
         return Outcome(step, step.reason, written=True)
+
+    # --- grant status and Events ----------------------------------------------------------------
+
+    async def write_status(self, name: str, status: Mapping[str, Any]) -> None:
+        """Merge-patch a grant's status; a grant deleted meanwhile needs none."""
+        try:
+            await self._send(lambda api: api.patch_status(GRANTS, name, dict(status)))
+        except NotFound:
+            return  # deleted meanwhile: its copies are handled on the delete event
+        except ApiError as e:
+            log.warning("status write failed", status=e.status, reason=e.reason)
+            return
+        self._metrics.status_writes.inc()
+
+    async def create_event(self, event: Obj, namespace: str) -> None:
+        """Create an Event; best effort, so a refused Event never fails a reconcile."""
+        try:
+            await self._send(lambda api: api.create(EVENTS, event, namespace=namespace))
+        except ApiError as e:
+            log.warning("event not recorded", status=e.status, reason=e.reason, error=e.message)

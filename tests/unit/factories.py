@@ -320,14 +320,9 @@ def make_snapshot(
     rivals: Iterable[Grant] = (),
     rival_sources: Mapping[ObjectKey, Source] | None = None,
     grant_name: str | None = None,
-    copies_at: Iterable[Copy] | None = None,
 ) -> Snapshot:
-    """A snapshot; live grant uids are the grant's, the rivals' and `extra_live`.
-
-    `copies_at` (the informer's index of every cached copy) also holds `copies`.
-    """
+    """A snapshot; live grant uids are the grant's, the rivals' and `extra_live`."""
     rivals = tuple(rivals)
-    snap_copies = tuple(copies)
     live = {str(r.uid) for r in rivals} | set(extra_live)
     if grant is not None:
         live.add(grant.uid)
@@ -340,11 +335,10 @@ def make_snapshot(
         source=source,
         source_state=state,
         namespaces=namespaces if namespaces is not None else {},
-        copies=snap_copies,
+        copies={c.key: c for c in copies},
         live_grant_uids=frozenset(live),
         rivals=rivals,
         rival_sources=dict(rival_sources or {}),
-        copies_at=(None if copies_at is None else {c.key: c for c in (*copies_at, *snap_copies)}),
     )
 
 
@@ -359,20 +353,17 @@ def summary(p: Plan, target_name: str) -> dict[str, tuple[Action, Reason]]:
 
 
 def simulate(snap: Snapshot, p: Plan) -> Snapshot:
-    """The snapshot after the writer did a plan's writes (in `copies` and in `copies_at`).
+    """The snapshot after the writer did a plan's writes.
 
     Like the writer: a Create or a Replace (delete, then create) stores `manifest(ns)`; an
     Update is a PUT of `manifest(ns, resourceVersion, keep=existing)`, which carries over the
     labels and annotations that others added to the copy.
     """
-    copies = {c.key: c for c in snap.copies}
-    index = dict(snap.copies_at) if snap.copies_at is not None else None
+    copies = dict(snap.copies)
     for s in p.writes:
         key = ObjectKey(s.namespace, s.name)
         if s.action is Action.DELETE:
             copies.pop(key, None)
-            if index is not None:
-                index.pop(key, None)
             continue
         assert p.desired is not None
         if s.action is Action.UPDATE:
@@ -381,6 +372,4 @@ def simulate(snap: Snapshot, p: Plan) -> Snapshot:
         else:
             manifest = p.desired.manifest(s.namespace)
         copies[key] = parse_copy(stored_manifest(manifest, resource_version="8"))
-        if index is not None:
-            index[key] = copies[key]
-    return replace(snap, copies=tuple(copies.values()), copies_at=index)
+    return replace(snap, copies=copies)

@@ -11,9 +11,10 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from projector.api import SECRETS, Api, Obj
 from projector.errors import Gone, ServerError
 from projector.informer import Informer
-from projector.kube import SECRETS, Kube, Obj
+from projector.store import Cache, Kind, Spec
 
 
 def obj(name: str, rv: str, v: str = "x") -> Obj:
@@ -67,16 +68,19 @@ async def running(inf: Informer[str, Any]) -> AsyncIterator[None]:
             await task
 
 
+SPEC: Spec[str, str] = Spec(
+    Kind.COPY, SECRETS, lambda o: o["data"]["v"], lambda o: o["metadata"]["name"]
+)
+
+
 def informer(kube: ScriptedKube, changes: list[tuple[Any, Any]]) -> Informer[str, Any]:
-    fake: Kube = kube  # type: ignore[assignment]
-    return Informer(
-        fake,
-        SECRETS,
-        parse=lambda o: o["data"]["v"],
-        key=lambda o: o["metadata"]["name"],
-        on_change=lambda old, new: changes.append((old, new)),
-        backoff=(0.0, 0.0),
-    )
+    fake: Api = kube  # type: ignore[assignment]
+    cache: Cache[str, str] = Cache(SPEC, lambda old, new: changes.append((old, new)))
+    return Informer(fake, cache, backoff=(0.0, 0.0))
+
+
+def items(inf: Informer[str, Any]) -> dict[str, Any]:
+    return dict(inf.cache.items())
 
 
 async def test_410_relists_and_reports_what_vanished_as_deleted() -> None:
@@ -91,10 +95,10 @@ async def test_410_relists_and_reports_what_vanished_as_deleted() -> None:
         await asyncio.wait_for(kube.idle.wait(), 5)
     assert kube.lists == 2  # initial list + relist after 410
     assert kube.watch_rvs == ["10", "20"]  # the relist's version, never the expired one
-    assert dict(inf.items) == {"a": "y", "c": "x"}
+    assert items(inf) == {"a": "y", "c": "x"}
     assert (None, "x") in changes  # c added by the relist
     assert ("x", None) in changes  # b deleted by the relist (authoritative: a fresh list)
-    assert inf.synced.is_set() and inf.healthy.is_set()
+    assert inf.cache.synced.is_set() and inf.cache.healthy.is_set()
 
 
 async def test_broken_watch_resumes_from_last_version_and_is_unhealthy_meanwhile() -> None:
@@ -104,20 +108,20 @@ async def test_broken_watch_resumes_from_last_version_and_is_unhealthy_meanwhile
     changes: list[tuple[Any, Any]] = []
     inf = informer(kube, changes)
     health: list[bool] = []
-    orig = inf.healthy.clear
+    orig = inf.cache.healthy.clear
 
     def clear() -> None:
         health.append(False)
         orig()
 
-    inf.healthy.clear = clear  # type: ignore[method-assign]
+    inf.cache.healthy.clear = clear  # type: ignore[method-assign]
     async with running(inf):
         await asyncio.wait_for(kube.idle.wait(), 5)
     assert kube.lists == 1  # a broken connection resumes; only 410 relists
     assert kube.watch_rvs == ["10", "15"]
     assert health.count(False) == 2  # before the first list, and when the watch broke
-    assert dict(inf.items) == {"a": "x", "b": "x"}
-    assert inf.healthy.is_set()
+    assert items(inf) == {"a": "x", "b": "x"}
+    assert inf.cache.healthy.is_set()
 
 
 async def test_bookmarks_move_the_version_without_changes() -> None:
@@ -146,4 +150,4 @@ async def test_unparseable_object_is_skipped_not_fatal() -> None:
     inf = informer(kube, changes)
     async with running(inf):
         await asyncio.wait_for(kube.idle.wait(), 5)
-    assert dict(inf.items) == {"good": "x"}
+    assert items(inf) == {"good": "x"}

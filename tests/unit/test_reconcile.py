@@ -133,8 +133,6 @@ class Case:
     state: SourceState = SourceState.AVAILABLE
     ns: tuple[str | Namespace, ...] = (SRC_NS, "a", "b", "c")
     copies: tuple[CopyMaker, ...] = ()
-    at: tuple[CopyMaker, ...] | None = None
-    """Copies only in the informer's index (`Snapshot.copies_at`); None: no index given."""
     extra_live: tuple[str, ...] = ()
     rivals: tuple[Grant, ...] = ()
     rival_sources: tuple[Source, ...] = (S,)
@@ -157,9 +155,6 @@ class Case:
             rivals=self.rivals,
             rival_sources={s.key: s for s in self.rival_sources},
             grant_name=self.author.name,
-            copies_at=None
-            if self.at is None
-            else [make(self.author, self.source or S) for make in self.at],
         )
 
 
@@ -945,17 +940,6 @@ CASES = [
     ),
     pytest.param(
         Case(
-            {"a": CONFLICT},
-            grant=make_grant(namespaces=("a",)),
-            copies=(
-                theirs("a", labels={GRANT_LABEL: "g"}, annotations={GRANT_UID_ANNOTATION: ""}),
-            ),
-            at=(),
-        ),
-        id="label-and-empty-grant-uid-not-overwritten-indexed",
-    ),
-    pytest.param(
-        Case(
             {"a": IN_SYNC},
             grant=make_grant(namespaces=("a",)),
             copies=(ours("a"), theirs("c", labels={GRANT_LABEL: "g"})),
@@ -1196,29 +1180,23 @@ CASES = [
         ),
         id="younger-rival-without-source-keeps-its-copy",
     ),
-    # -- copies found through the informer's index (Snapshot.copies_at) ---------------------
+    # -- copies at the target name that carry no label of this grant ------------------------
     pytest.param(
-        Case({"a": CONFLICT, "b": CREATED}, at=(theirs("a"),)),
-        id="index-foreign-secret-at-wanted-place-conflict",
+        Case({"a": CONFLICT, "b": CREATED}, copies=(theirs("a"),)),
+        id="foreign-secret-at-wanted-place-conflict",
     ),
     pytest.param(
-        Case({"a": IN_SYNC, "b": UPDATED}, at=(ours("a"), ours("b", source=S_OLD))),
-        id="index-our-copies-found-by-key",
-    ),
-    pytest.param(
-        Case({"a": CREATED, "b": CREATED}, at=(theirs("c"), ours("c", grant=OLD_RIVAL, name="x"))),
-        id="index-secrets-elsewhere-untouched",
-    ),
-    pytest.param(
-        Case({"a": IN_SYNC, "b": CREATED}, copies=(ours("a"),), at=()),
-        id="index-empty-copies-still-count",
+        Case(
+            {"a": CREATED, "b": CREATED}, copies=(theirs("c"), ours("c", grant=OLD_RIVAL, name="x"))
+        ),
+        id="secrets-elsewhere-untouched",
     ),
 ]
 
 
 def check_steps(snap: Snapshot, p: Plan) -> None:
     """Invariants of every plan: writes name what they act on; nothing is written twice."""
-    copies = {**(snap.copies_at or {}), **{c.key: c for c in snap.copies}}
+    copies = snap.copies
     seen: set[tuple[str, str]] = set()
     for s in p.steps:
         assert (s.namespace, s.name) not in seen
@@ -1531,7 +1509,7 @@ def test_grant_metadata_removed_from_the_spec_leaves_the_copies() -> None:
     )
     p = plan(snap)
     assert summary(p, after.target_name) == {"a": UPDATED}
-    (copy,) = simulate(snap, p).copies
+    (copy,) = simulate(snap, p).copies.values()
     assert "team" not in copy.labels
     assert "note" not in copy.annotations
 
@@ -1868,7 +1846,7 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
     if writing:
         export_to, state, cached, deleted = ("*",), SourceState.AVAILABLE, True, False
     source = make_source(export_to=export_to, data=data, type_=type_)
-    rivals = [  # like Triggers.rivals: other grants with the same target name
+    rivals = [  # like the store's rivals: other grants with the same target name
         make_grant(
             name,
             created=created,
@@ -1900,23 +1878,16 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
         )
         copies[c.key] = c
     live = {OTHER_LIVE} | {r.uid for r in rivals} | (set() if deleted else {grant.uid})
-    # Like the controller: `copies` are those labelled `g` or owned by its uid, and the index
-    # holds every copy; or, without an index, `copies` holds every copy.
-    indexed = draw(st.booleans())
-    mine = [
-        c for c in copies.values() if c.labels.get(GRANT_LABEL) == "g" or c.grant_uid == "uid-g"
-    ]
     return Snapshot(
         grant_name=grant.name,
         grant=None if deleted else grant,
         source=source if cached else None,
         source_state=state,
         namespaces=nss,
-        copies=tuple(mine if indexed else copies.values()),
+        copies=copies,
         live_grant_uids=frozenset(live),
         rivals=tuple(rivals),
         rival_sources={source.key: source},
-        copies_at=copies if indexed else None,
     )
 
 
@@ -2037,10 +2008,7 @@ def test_property_metadata_others_add_changes_no_decision(snap: Snapshot) -> Non
     """The controller never fights other tools over labels and annotations outside its own."""
     decorated = replace(
         snap,
-        copies=tuple(with_metadata_of_others(c) for c in snap.copies),
-        copies_at=None
-        if snap.copies_at is None
-        else {k: with_metadata_of_others(c) for k, c in snap.copies_at.items()},
+        copies={k: with_metadata_of_others(c) for k, c in snap.copies.items()},
     )
 
     def decisions(p: Plan) -> list[tuple[str, str, Action, Reason]]:

@@ -21,7 +21,7 @@ from projector.reconcile import (
     Step,
     plan,
 )
-from projector.status import MAX_FAILURES, Event, compute, events, merge_transition_times, unchanged
+from projector.status import MAX_FAILURES, Event, compute, events, stamped, unchanged
 from tests.unit.factories import (
     SRC_NS,
     T0,
@@ -53,7 +53,7 @@ def outcome(
 
 
 def a_plan(state: SourceState = AVAILABLE, matched: int = 0, grant: Grant | None = G) -> Plan:
-    return Plan("g", grant, state, None, (), matched)
+    return Plan(make_snapshot(grant, None, state=state, grant_name="g"), state, None, (), matched)
 
 
 def executed(p: Plan) -> list[Outcome]:
@@ -328,12 +328,6 @@ def test_status_is_json_and_holds_no_secret_value() -> None:
 # -- unchanged and transition times ---------------------------------------------------------------
 
 
-def stamped(status: dict[str, Any], when: str) -> dict[str, Any]:
-    out = copy.deepcopy(status)
-    merge_transition_times(out, None, when)
-    return out
-
-
 BASE = compute(a_plan(matched=2), [outcome("a", R.PROJECTED), outcome("b", R.CONFLICT)])
 
 
@@ -343,8 +337,13 @@ BASE = compute(a_plan(matched=2), [outcome("a", R.PROJECTED), outcome("b", R.CON
         pytest.param(BASE, None, False, id="no-old-status"),
         pytest.param(BASE, {}, False, id="empty-old-status"),
         pytest.param(BASE, copy.deepcopy(BASE), True, id="equal"),
-        pytest.param(stamped(BASE, T1), stamped(BASE, T0), True, id="only-transition-times-differ"),
-        pytest.param(BASE, stamped(BASE, T0), True, id="old-has-times-new-not-yet"),
+        pytest.param(
+            stamped(BASE, None, T1),
+            stamped(BASE, None, T0),
+            True,
+            id="only-transition-times-differ",
+        ),
+        pytest.param(BASE, stamped(BASE, None, T0), True, id="old-has-times-new-not-yet"),
         pytest.param(
             compute(a_plan(matched=2), [outcome("a", R.PROJECTED), outcome("b", R.PROJECTED)]),
             BASE,
@@ -382,7 +381,7 @@ def test_unchanged(new: dict[str, Any], old: dict[str, Any] | None, same: bool) 
 
 
 def test_unchanged_does_not_mutate() -> None:
-    new, old = stamped(BASE, T1), stamped(BASE, T0)
+    new, old = stamped(BASE, None, T1), stamped(BASE, None, T0)
     before = copy.deepcopy((new, old))
     unchanged(new, old)
     assert (new, old) == before
@@ -392,24 +391,23 @@ def times(status: dict[str, Any]) -> dict[str, str]:
     return {c["type"]: c["lastTransitionTime"] for c in status["conditions"]}
 
 
-def test_merge_transition_times_first_status() -> None:
-    new = copy.deepcopy(BASE)
-    merge_transition_times(new, None, T0)
+def test_stamped_first_status() -> None:
+    new = stamped(BASE, None, T0)
+    assert "lastTransitionTime" not in BASE["conditions"][0]  # the input is left alone
     assert times(new) == {"Ready": T0, "SourceAvailable": T0, "Conflicted": T0}
 
 
-def test_merge_transition_times_keeps_times_of_unchanged_statuses() -> None:
-    old = stamped(BASE, T0)
+def test_stamped_keeps_times_of_unchanged_statuses() -> None:
+    old = stamped(BASE, None, T0)
     resolved = compute(a_plan(matched=2), [outcome("a", R.PROJECTED), outcome("b", R.PROJECTED)])
-    merge_transition_times(resolved, old, T1)
+    resolved = stamped(resolved, old, T1)
     # Ready and Conflicted flipped; SourceAvailable did not
     assert times(resolved) == {"Ready": T1, "SourceAvailable": T0, "Conflicted": T1}
 
 
-def test_merge_transition_times_same_status_new_reason_keeps_time() -> None:
-    old = stamped(compute(a_plan(matched=1), [outcome("a", R.CONFLICT)]), T0)
-    new = compute(a_plan(matched=1), [outcome("a", R.WRITE_FAILED)])
-    merge_transition_times(new, old, T1)
+def test_stamped_same_status_new_reason_keeps_time() -> None:
+    old = stamped(compute(a_plan(matched=1), [outcome("a", R.CONFLICT)]), None, T0)
+    new = stamped(compute(a_plan(matched=1), [outcome("a", R.WRITE_FAILED)]), old, T1)
     assert conditions(new)["Ready"] == ("False", "WriteFailed")
     assert times(new)["Ready"] == T0  # lastTransitionTime follows status, not reason
 
@@ -423,11 +421,11 @@ def test_merge_transition_times_same_status_new_reason_keeps_time() -> None:
         pytest.param(None, id="old-conditions-null"),
     ],
 )
-def test_merge_transition_times_stamps_now_when_old_has_no_time(
+def test_stamped_stamps_now_when_old_has_no_time(
     old_conditions: list[dict[str, str]] | None,
 ) -> None:
     new = compute(a_plan(matched=1), [outcome("a", R.PROJECTED)])
-    merge_transition_times(new, {"conditions": old_conditions}, T1)
+    new = stamped(new, {"conditions": old_conditions}, T1)
     assert times(new)["Ready"] == T1
 
 
@@ -518,8 +516,7 @@ def reconcile_status(
     snap = make_snapshot(grant, source, namespaces=namespaces("a", "b", "c"), copies=snap_copies)
     p = plan(snap)
     outs = executed(p)
-    new = compute(p, outs)
-    merge_transition_times(new, old, now)
+    new = stamped(compute(p, outs), old, now)
     return new, unchanged(new, old), events(outs, old)
 
 

@@ -1,0 +1,94 @@
+"""The API server as projector's code sees it: where kinds live, raw objects, and a Protocol.
+
+`kube.Kube` implements `Api` over HTTP; the store, the writer and the controller depend only on
+this Protocol, so unit tests drive their error handling with a small in-memory double while
+integration tests use the real API server. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+Obj = dict[str, Any]
+"""A raw Kubernetes object as decoded from JSON."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """Where a kind lives in the API: group/version, plural, and whether it is namespaced."""
+
+    version: str
+    plural: str
+    namespaced: bool
+    kind: str
+
+    def url(self, name: str | None = None, subresource: str | None = None) -> str:
+        """The part of the path after the namespace."""
+        return "/".join(p for p in (self.plural, name, subresource) if p)
+
+
+SECRETS = Resource("v1", "secrets", True, "Secret")
+NAMESPACES = Resource("v1", "namespaces", False, "Namespace")
+EVENTS = Resource("v1", "events", True, "Event")
+LEASES = Resource("coordination.k8s.io/v1", "leases", True, "Lease")
+GRANTS = Resource("projector.nebari.dev/v1alpha1", "projectiongrants", False, "ProjectionGrant")
+
+
+class Api(Protocol):
+    """The calls projector makes; each raises `projector.errors.ApiError` subclasses only."""
+
+    async def list(
+        self,
+        res: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        metadata_only: bool = False,
+        page: int = 500,
+    ) -> tuple[list[Obj], str]:
+        """Every object (paged), and the list's resourceVersion."""
+        ...
+
+    def watch(
+        self,
+        res: Resource,
+        *,
+        resource_version: str,
+        label_selector: str | None = None,
+        timeout_seconds: int = 300,
+        read_deadline: float = 60.0,
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        """("OPEN", {}) once accepted, then (type, object) per event until the watch ends."""
+        ...
+
+    async def get(
+        self, res: Resource, name: str, *, namespace: str | None = None, metadata_only: bool = False
+    ) -> Obj:
+        """Read one object."""
+        ...
+
+    async def create(self, res: Resource, body: Obj, *, namespace: str | None = None) -> Obj:
+        """POST a new object."""
+        ...
+
+    async def replace(self, res: Resource, body: Obj, *, namespace: str | None = None) -> Obj:
+        """PUT the whole object, conditional on its metadata.resourceVersion."""
+        ...
+
+    async def delete(
+        self,
+        res: Resource,
+        name: str,
+        *,
+        namespace: str | None = None,
+        uid: str | None = None,
+        resource_version: str | None = None,
+    ) -> None:
+        """DELETE with uid and resourceVersion preconditions."""
+        ...
+
+    async def patch_status(self, res: Resource, name: str, status: Obj) -> Obj:
+        """Merge-patch a cluster-scoped object's status subresource."""
+        ...

@@ -1,0 +1,62 @@
+"""Events about grants: the manifest of a reason-coded `status.Event`, recorded by the writer.
+
+Events about a cluster-scoped object must live in `default` (API server validation), so that
+is where they go, whatever the controller's own namespace.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+from projector.api import GRANTS, Obj
+from projector.model import GrantRecord
+from projector.status import Event
+from projector.writer import Writer
+
+EVENTS_NS = "default"
+MAX_MESSAGE = 1024
+
+
+def timestamp() -> str:
+    """Now, as Kubernetes writes times (RFC 3339, seconds, UTC)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def manifest(rec: GrantRecord, ev: Event, *, instance: str, now: str) -> Obj:
+    """A core/v1 Event about grant `rec` (the name is unique: Events are never updated)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{rec.name}.{uuid.uuid4().hex[:16]}", "namespace": EVENTS_NS},
+        "involvedObject": {
+            "apiVersion": GRANTS.version,
+            "kind": GRANTS.kind,
+            "name": rec.name,
+            "uid": rec.uid,
+        },
+        "type": ev.type,
+        "reason": ev.reason,
+        "message": ev.message[:MAX_MESSAGE],
+        "source": {"component": "projector"},
+        "reportingComponent": "projector.nebari.dev/projector",
+        "reportingInstance": instance,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
+class Recorder:
+    """Records Events on grants through the writer, as replica `instance`."""
+
+    def __init__(self, writer: Writer, instance: str) -> None:
+        self._writer = writer
+        self._instance = instance
+
+    async def record(self, rec: GrantRecord, events: Iterable[Event]) -> None:
+        """Record each Event (best effort: a refused one is logged, never raised)."""
+        for ev in events:
+            body = manifest(rec, ev, instance=self._instance, now=timestamp())
+            await self._writer.create_event(body, EVENTS_NS)

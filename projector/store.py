@@ -1,0 +1,372 @@
+"""The controller's view of the cluster: four caches, the indexes over them, and snapshots.
+
+Informers fill the caches (`Cache.put` / `Cache.pop`); on every change the store updates its
+indexes and tells its listener which grant names the change affects. That is level-based, like
+controller-runtime: a change only says *which* grants to look at again, and `snapshot(name)`
+then reads everything one reconcile needs into an immutable `reconcile.Snapshot`. No other
+module keeps an index.
+
+A store works the same without informers: `load()` fills it from one-shot lists, and its
+snapshots are those the running controller would take (what `projector explain` plans from).
+
+Indexes keep each lookup proportional to the grants or copies concerned, never to all of them:
+grants by source, by listed namespace, with a selector, by uid and by target name (rivals for
+one copy); copies by name, by grant label and by grant uid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Callable, Hashable, ItemsView, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any, Generic, TypeVar
+
+import structlog
+
+from projector.api import GRANTS, NAMESPACES, SECRETS, Api, Obj, Resource
+from projector.errors import ApiError, NotFound
+from projector.model import (
+    EXPORT_LABEL,
+    GRANT_LABEL,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    Copy,
+    Grant,
+    GrantRecord,
+    Namespace,
+    ObjectKey,
+    Source,
+    parse_copy,
+    parse_grant_record,
+    parse_namespace,
+    parse_source,
+)
+from projector.reconcile import Snapshot, SourceState
+
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
+
+log = structlog.get_logger("projector.store")
+
+
+class Kind(StrEnum):
+    """The four kinds projector caches."""
+
+    GRANT = "grants"
+    SOURCE = "sources"
+    NAMESPACE = "namespaces"
+    COPY = "copies"
+
+
+Listener = Callable[[Kind, set[str]], None]
+"""Told, after each change, which grant names it affects (possibly none)."""
+
+
+def _namespaced_key(obj: Obj) -> ObjectKey:
+    meta = obj["metadata"]
+    return ObjectKey(meta["namespace"], meta["name"])
+
+
+def _name_key(obj: Obj) -> str:
+    return str(obj["metadata"]["name"])
+
+
+@dataclass(frozen=True, slots=True)
+class Spec(Generic[K, T]):
+    """How one kind is listed, watched, keyed and parsed into its cached value."""
+
+    kind: Kind
+    resource: Resource
+    parse: Callable[[Obj], T]
+    key: Callable[[Obj], K]
+    label_selector: str | None = None
+
+
+GRANT_SPEC: Spec[str, GrantRecord] = Spec(Kind.GRANT, GRANTS, parse_grant_record, _name_key)
+SOURCE_SPEC: Spec[ObjectKey, Source] = Spec(
+    Kind.SOURCE, SECRETS, parse_source, _namespaced_key, f"{EXPORT_LABEL}=true"
+)
+"""Only contract Secrets: the other Secrets of the cluster are never transferred or cached."""
+NAMESPACE_SPEC: Spec[str, Namespace] = Spec(Kind.NAMESPACE, NAMESPACES, parse_namespace, _name_key)
+COPY_SPEC: Spec[ObjectKey, Copy] = Spec(
+    Kind.COPY, SECRETS, parse_copy, _namespaced_key, f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"
+)
+
+
+class Cache(Generic[K, T]):
+    """One kind's parsed objects by key; every change passes through here to the indexes.
+
+    `synced` and `healthy` are set by whoever fills the cache (an informer, or `Store.load`):
+    synced once it has been filled, healthy while it is known to follow the server.
+    """
+
+    def __init__(self, spec: Spec[K, T], on_change: Callable[[T | None, T | None], None]) -> None:
+        self.spec = spec
+        self._items: dict[K, T] = {}
+        self._on_change = on_change
+        self.synced = asyncio.Event()
+        self.healthy = asyncio.Event()
+
+    def get(self, key: K) -> T | None:
+        """The cached object under `key`, if any."""
+        return self._items.get(key)
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._items)
+
+    def items(self) -> ItemsView[K, T]:
+        """A live view of the entries (read it, do not keep it across awaits)."""
+        return self._items.items()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, key: K, value: T) -> T | None:
+        """Store `value`; the indexes hear of it unless it equals what was there."""
+        old = self._items.get(key)
+        self._items[key] = value
+        if old != value:
+            self._on_change(old, value)
+        return old
+
+    def pop(self, key: K) -> T | None:
+        """Forget `key`; the indexes hear of it if something was there."""
+        old = self._items.pop(key, None)
+        if old is not None:
+            self._on_change(old, None)
+        return old
+
+
+class Store:
+    """The caches of grants, contract Secrets, namespaces and copies, and their indexes."""
+
+    def __init__(self, api: Api) -> None:
+        self._api = api
+        self._listener: Listener | None = None
+        self.grants = Cache(GRANT_SPEC, self._grant_changed)
+        self.sources = Cache(SOURCE_SPEC, self._source_changed)
+        self.namespaces = Cache(NAMESPACE_SPEC, self._namespace_changed)
+        self.copies = Cache(COPY_SPEC, self._copy_changed)
+        self.caches: tuple[Cache[Any, Any], ...] = (
+            self.grants,
+            self.sources,
+            self.namespaces,
+            self.copies,
+        )
+        self._valid: dict[str, Grant] = {}
+        self._uids: dict[str, str] = {}
+        self._live_uids: frozenset[str] | None = frozenset()
+        self._by_source: defaultdict[ObjectKey, set[str]] = defaultdict(set)
+        self._by_namespace: defaultdict[str, set[str]] = defaultdict(set)
+        self._by_target: defaultdict[str, set[str]] = defaultdict(set)
+        self._with_selector: set[str] = set()
+        self._copies_by_name: defaultdict[str, set[ObjectKey]] = defaultdict(set)
+        self._copies_by_label: defaultdict[str, set[ObjectKey]] = defaultdict(set)
+        self._copies_by_uid: defaultdict[str, set[ObjectKey]] = defaultdict(set)
+
+    def listen(self, listener: Listener) -> None:
+        """Tell `listener` which grant names each later change affects."""
+        self._listener = listener
+
+    def synced(self) -> bool:
+        """Every cache has been filled at least once."""
+        return all(c.synced.is_set() for c in self.caches)
+
+    def healthy(self) -> bool:
+        """Every cache is known to follow the server right now: deletes are allowed."""
+        return all(c.healthy.is_set() for c in self.caches)
+
+    async def load(self) -> None:
+        """Fill every cache from one list of each kind (no watch): a store for one question."""
+        for cache in self.caches:
+            spec = cache.spec
+            objs, _ = await self._api.list(spec.resource, label_selector=spec.label_selector)
+            for obj in objs:
+                cache.put(spec.key(obj), spec.parse(obj))
+            cache.synced.set()
+            cache.healthy.set()
+
+    # --- snapshots ------------------------------------------------------------------------------
+
+    async def snapshot(self, name: str) -> Snapshot:
+        """Everything one reconcile of grant `name` reads, as immutable values.
+
+        The grant is read once; a source missing from the cache is probed with one
+        metadata-only read, to tell "deleted" (404) from "not exported" from "unknown".
+        """
+        record = self.grants.get(name)
+        grant = record.grant if record is not None else None
+        source, state = await self._source(grant)
+        return self._snapshot(name, record, grant, source, state)
+
+    async def _source(self, grant: Grant | None) -> tuple[Source | None, SourceState]:
+        if grant is None:
+            return None, SourceState.UNKNOWN
+        cached = self.sources.get(grant.source)
+        if cached is not None:
+            return cached, SourceState.AVAILABLE
+        key = grant.source
+        try:
+            obj = await self._api.get(
+                SECRETS, key.name, namespace=key.namespace, metadata_only=True
+            )
+        except NotFound:
+            return None, SourceState.MISSING
+        except ApiError as e:
+            log.warning("source read failed", source=str(key), status=e.status)
+            return None, SourceState.UNKNOWN
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        if labels.get(EXPORT_LABEL) == "true":
+            return None, SourceState.UNKNOWN  # exported but not cached yet: the watch is behind
+        return None, SourceState.NOT_EXPORTED
+
+    def _snapshot(
+        self,
+        name: str,
+        record: GrantRecord | None,
+        grant: Grant | None,
+        source: Source | None,
+        state: SourceState,
+    ) -> Snapshot:
+        keys = set(self._copies_by_label.get(name, ()))
+        namespaces: dict[str, Namespace] = {}
+        rivals: tuple[Grant, ...] = ()
+        if grant is not None:
+            keys |= self._copies_by_uid.get(grant.uid, set())
+            keys |= self._copies_by_name.get(grant.target_name, set())
+            namespaces = self._targeted(grant)
+            rivals = tuple(
+                self._valid[n] for n in self._by_target.get(grant.target_name, ()) if n != name
+            )
+        copies = {k: c for k in keys if (c := self.copies.get(k)) is not None}
+        rival_sources = {
+            r.source: s for r in rivals if (s := self.sources.get(r.source)) is not None
+        }
+        return Snapshot(
+            grant_name=name,
+            grant=grant,
+            source=source,
+            source_state=state,
+            namespaces=MappingProxyType(namespaces),
+            copies=MappingProxyType(copies),
+            live_grant_uids=self._live(),
+            rivals=rivals,
+            rival_sources=MappingProxyType(rival_sources),
+            record=record,
+        )
+
+    def _targeted(self, grant: Grant) -> dict[str, Namespace]:
+        """The existing namespaces a grant aims at: its list, and its selector's matches."""
+        out = {n: ns for n in grant.namespaces if (ns := self.namespaces.get(n)) is not None}
+        selector = grant.selector
+        if selector is not None:
+            out.update((n, ns) for n, ns in self.namespaces.items() if selector.matches(ns.labels))
+        return out
+
+    def _live(self) -> frozenset[str]:
+        """Uids of every grant that exists (valid or not); rebuilt only when that set changes."""
+        if self._live_uids is None:
+            self._live_uids = frozenset(self._uids)
+        return self._live_uids
+
+    # --- indexes: each change says which grant names to look at again ---------------------------
+
+    def _notify(self, kind: Kind, names: set[str]) -> None:
+        if self._listener is not None and names:
+            self._listener(kind, names)
+
+    def _unindex(self, name: str) -> None:
+        g = self._valid.pop(name, None)
+        if g is None:
+            return
+        self._by_source[g.source].discard(name)
+        self._by_target[g.target_name].discard(name)
+        for ns in g.namespaces:
+            self._by_namespace[ns].discard(name)
+        self._with_selector.discard(name)
+
+    def _grant_changed(self, old: GrantRecord | None, new: GrantRecord | None) -> None:
+        """Re-index a grant; affected: itself and the grants it competes with for copies."""
+        names: set[str] = set()
+        for rec in (old, new):
+            if rec is None:
+                continue
+            names.add(rec.name)
+            if rec.grant is not None:
+                names |= self._by_target.get(rec.grant.target_name, set())
+        if old is not None:
+            self._uids.pop(old.uid, None)
+            self._unindex(old.name)
+        if new is not None:
+            self._uids[new.uid] = new.name
+            g = new.grant
+            if g is not None:
+                self._valid[new.name] = g
+                self._by_source[g.source].add(new.name)
+                self._by_target[g.target_name].add(new.name)
+                for ns in g.namespaces:
+                    self._by_namespace[ns].add(new.name)
+                if g.selector is not None:
+                    self._with_selector.add(new.name)
+        if old is None or new is None or old.uid != new.uid:
+            self._live_uids = None
+        self._notify(Kind.GRANT, names)
+
+    def _source_changed(self, old: Source | None, new: Source | None) -> None:
+        """Affected: the grants that project this source."""
+        src = new or old
+        if src is not None:
+            self._notify(Kind.SOURCE, set(self._by_source.get(src.key, ())))
+
+    def _namespace_changed(self, old: Namespace | None, new: Namespace | None) -> None:
+        """Affected: grants that list the namespace, or whose selector matched it (before/after)."""
+        ns = new or old
+        if ns is None:
+            return
+        names = set(self._by_namespace.get(ns.name, ()))
+        for name in self._with_selector:
+            g = self._valid[name]
+            if any(n is not None and g.targets(n.name, n.labels) for n in (old, new)):
+                names.add(name)
+        self._notify(Kind.NAMESPACE, names)
+
+    def _copy_changed(self, old: Copy | None, new: Copy | None) -> None:
+        """Affected: the grant a copy names in its label, and the grant that owns it by uid.
+
+        Rivals for the same copy are woken only when a copy is deleted (its place is free);
+        other copy events stay O(1) however many grants share a target name.
+        """
+        names: set[str] = set()
+        for c, add in ((old, False), (new, True)):
+            if c is None:
+                continue
+            label, uid = c.labels.get(GRANT_LABEL), c.grant_uid
+            for index, k in (
+                (self._copies_by_name, c.key.name),
+                (self._copies_by_label, label),
+                (self._copies_by_uid, uid),
+            ):
+                if k:
+                    _update(index, k, c.key, add)
+            if label:
+                names.add(label)
+            owner = self._uids.get(uid or "")
+            if owner:
+                names.add(owner)
+        if old is not None and new is None:  # a freed place: a waiting rival may take it now
+            names |= self._by_target.get(old.key.name, set())
+        self._notify(Kind.COPY, names)
+
+
+def _update(index: defaultdict[str, set[ObjectKey]], k: str, key: ObjectKey, add: bool) -> None:
+    if add:
+        index[k].add(key)
+        return
+    keys = index.get(k)
+    if keys is not None:
+        keys.discard(key)
+        if not keys:
+            del index[k]

@@ -1,0 +1,145 @@
+"""A small in-memory double of `projector.api.Api`, for unit tests of error handling only.
+
+It keeps objects with uids and resourceVersions, honours create/replace/delete preconditions
+the way the API server does (AlreadyExists, stale resourceVersion, uid precondition), and
+raises scripted errors on the next calls of a verb: the cases a real server will not produce
+on demand (a 5xx, a 429 with Retry-After, a timeout). Integration tests never use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from typing import Any
+
+from projector.api import Obj, Resource
+from projector.errors import ApiError, Conflict, NotFound
+
+Key = tuple[str, str, str]
+"""(plural, namespace, name)"""
+
+
+class FakeApi:
+    """Objects by (plural, namespace, name); `fail(verb, error)` scripts the next failures."""
+
+    def __init__(self) -> None:
+        self.objects: dict[Key, Obj] = {}
+        self.calls: list[tuple[str, str, str]] = []
+        """(verb, plural, name) of every call, failed ones included."""
+        self._errors: defaultdict[str, list[ApiError]] = defaultdict(list)
+        self._rv = itertools.count(100)
+        self._uid = itertools.count(1)
+
+    def fail(self, verb: str, *errors: ApiError) -> None:
+        """Raise `errors`, one per call, on the next calls of `verb` (GET, CREATE, ...)."""
+        self._errors[verb].extend(errors)
+
+    def add(self, res: Resource, obj: Obj) -> Obj:
+        """Store an object as if someone else had created it."""
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", f"uid-{next(self._uid)}")
+        meta["resourceVersion"] = str(next(self._rv))
+        self.objects[res.plural, meta.get("namespace", ""), meta["name"]] = obj
+        return obj
+
+    def _call(self, verb: str, res: Resource, name: str = "") -> None:
+        self.calls.append((verb, res.plural, name))
+        if self._errors[verb]:
+            raise self._errors[verb].pop(0)
+
+    def _get(self, res: Resource, namespace: str | None, name: str) -> Obj:
+        obj = self.objects.get((res.plural, namespace or "", name))
+        if obj is None:
+            raise NotFound(404, "NotFound", f'{res.plural} "{name}" not found')
+        return obj
+
+    async def list(
+        self,
+        res: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        metadata_only: bool = False,
+        page: int = 500,
+    ) -> tuple[list[Obj], str]:
+        self._call("LIST", res)
+        want = dict(p.split("=", 1) for p in (label_selector or "").split(",") if p)
+        out = [
+            copy.deepcopy(o)
+            for (plural, ns, _), o in self.objects.items()
+            if plural == res.plural
+            and (namespace is None or ns == namespace)
+            and all((o["metadata"].get("labels") or {}).get(k) == v for k, v in want.items())
+        ]
+        return out, str(next(self._rv))
+
+    async def watch(
+        self,
+        res: Resource,
+        *,
+        resource_version: str,
+        label_selector: str | None = None,
+        timeout_seconds: int = 300,
+        read_deadline: float = 60.0,
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        self._call("WATCH", res)
+        yield "OPEN", {}
+        await asyncio.Event().wait()  # a quiet watch
+
+    async def get(
+        self, res: Resource, name: str, *, namespace: str | None = None, metadata_only: bool = False
+    ) -> Obj:
+        self._call("GET", res, name)
+        obj = copy.deepcopy(self._get(res, namespace, name))
+        return {"metadata": obj["metadata"]} if metadata_only else obj
+
+    async def create(self, res: Resource, body: Obj, *, namespace: str | None = None) -> Obj:
+        name = body["metadata"]["name"]
+        self._call("CREATE", res, name)
+        if (res.plural, namespace or "", name) in self.objects:
+            raise Conflict(409, "AlreadyExists", f'{res.plural} "{name}" already exists')
+        obj = copy.deepcopy(body)
+        obj["metadata"]["namespace"] = namespace or ""
+        return copy.deepcopy(self.add(res, obj))
+
+    async def replace(self, res: Resource, body: Obj, *, namespace: str | None = None) -> Obj:
+        name = body["metadata"]["name"]
+        self._call("UPDATE", res, name)
+        old = self._get(res, namespace, name)
+        if body["metadata"].get("resourceVersion") != old["metadata"]["resourceVersion"]:
+            raise Conflict(409, "Conflict", "the object has been modified")
+        obj = copy.deepcopy(body)
+        obj["metadata"] |= {"uid": old["metadata"]["uid"], "namespace": namespace or ""}
+        self.objects[res.plural, namespace or "", name] = obj
+        obj["metadata"]["resourceVersion"] = str(next(self._rv))
+        return copy.deepcopy(obj)
+
+    async def delete(
+        self,
+        res: Resource,
+        name: str,
+        *,
+        namespace: str | None = None,
+        uid: str | None = None,
+        resource_version: str | None = None,
+    ) -> None:
+        self._call("DELETE", res, name)
+        meta = self._get(res, namespace, name)["metadata"]
+        if (uid and uid != meta["uid"]) or (
+            resource_version and resource_version != meta["resourceVersion"]
+        ):
+            raise Conflict(409, "Conflict", "precondition failed")
+        del self.objects[res.plural, namespace or "", name]
+
+    async def patch_status(self, res: Resource, name: str, status: Obj) -> Obj:
+        self._call("PATCH_STATUS", res, name)
+        obj = self._get(res, None, name)
+        obj["status"] = copy.deepcopy(status)
+        return copy.deepcopy(obj)
+
+    def get_object(self, res: Resource, namespace: str, name: str) -> dict[str, Any] | None:
+        """The stored object, for assertions."""
+        return self.objects.get((res.plural, namespace, name))
