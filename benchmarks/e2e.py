@@ -28,7 +28,6 @@ from benchmarks.common import RESULTS, summary, write_result
 from benchmarks.harness import (
     EXPORT,
     Watcher,
-    b64,
     controller,
     ensure,
     gather_limited,
@@ -36,10 +35,12 @@ from benchmarks.harness import (
     namespaces,
     put_value,
     secret,
+    settle,
     unb64,
 )
-from projector.kube import GRANTS, SECRETS, Kube, Obj
-from tests.support import api_client
+from projector.api import GRANTS, SECRETS, Obj
+from projector.kube import Kube
+from tests.support import api_client, b64
 
 MANAGED = "projector.nebari.dev/managed-by=projector"
 EXPORT_ALL = {"projector.nebari.dev/export-to": "*"}
@@ -259,7 +260,7 @@ async def burst(
         Watcher(kube, MANAGED, "token") as watch,
     ):
         await watch.until(watch.all_equal(keys, "v0"), 300)
-        await ctl.settle()
+        await settle(ctl)
         before = dict(watch.modified)
         writes_before = ctl.metric("projector_writes_total", action="Update", result="ok")
         t0 = time.monotonic()
@@ -274,7 +275,7 @@ async def burst(
         final = (await kube.get(SECRETS, "hub", namespace=src))["data"]["token"]
         value = unb64(final)
         await watch.until(watch.all_equal(keys, value), 300)
-        await ctl.settle()
+        await settle(ctl)
         per_copy = [watch.modified.get(k, 0) - before.get(k, 0) for k in keys]
         exact = all(watch.values.get(k) == value for k in keys)
         writes = ctl.metric("projector_writes_total", action="Update", result="ok") - writes_before
@@ -345,11 +346,11 @@ async def restart_and_memory(
             ):
                 break
             await asyncio.sleep(0.5)
-        await first.settle(900)
+        await settle(first, 900)
     t_start = time.monotonic()
     async with controller(kubeconfig, work / "controller-world-2.log") as second:
         ready = second.started and (time.monotonic() - second.started)
-        await second.settle(900)
+        await settle(second, 900)
         settled = time.monotonic() - t_start
         writes = second.writes()
         rss = second.rss_mib()
@@ -362,7 +363,7 @@ async def restart_and_memory(
             for i in range(unrelated)
         )
         took = time.monotonic() - t0
-        await second.settle()
+        await settle(second)
         cpu1, rss1 = second.cpu_seconds(), second.rss_mib()
     r1 = write_result(
         "restart",

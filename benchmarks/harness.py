@@ -11,22 +11,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import os
-import signal
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from projector.api import GRANTS, NAMESPACES, SECRETS, Obj
 from projector.errors import Conflict
-from projector.kube import GRANTS, NAMESPACES, SECRETS, Kube, Obj
-from tests.controlplane.plane import ControlPlane, ensure_binaries, free_port
+from projector.kube import Kube
+from tests.controlplane.plane import ControlPlane, ensure_binaries
+from tests.launcher import REPO, ControllerProcess, launch
+from tests.support import b64
 
-REPO = Path(__file__).resolve().parents[1]
 EXPORT = {"projector.nebari.dev/export": "true"}
 PROD_PYTHON = REPO / ".local" / "prod-venv" / "bin" / "python"
 
@@ -34,10 +31,6 @@ PROD_PYTHON = REPO / ".local" / "prod-venv" / "bin" / "python"
 def controller_python() -> str:
     """The runtime-only venv when built (`make bench`), so RSS is a deployment's RSS."""
     return str(PROD_PYTHON) if PROD_PYTHON.exists() else sys.executable
-
-
-def b64(v: str) -> str:
-    return base64.b64encode(v.encode()).decode()
 
 
 def unb64(v: str) -> str:
@@ -198,118 +191,34 @@ class Watcher:
         return lambda: all(self.values.get(k) == value for k in ks)
 
 
-@dataclass
-class Controller:
-    """A `projector run` subprocess."""
-
-    proc: subprocess.Popen[bytes]
-    port: int
-    started: float
-    log: Path
-    args: list[str] = field(default_factory=list)
-
-    def http(self, path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
-                return int(r.status), r.read().decode()
-        except urllib.error.HTTPError as e:
-            return int(e.code), ""
-        except OSError:
-            return 0, ""
-
-    def metric(self, name: str, **labels: str) -> float:
-        total = 0.0
-        for line in self.http("/metrics")[1].splitlines():
-            if not line.startswith(name) or line.startswith("#"):
-                continue
-            head, _, value = line.rpartition(" ")
-            if head.split("{")[0] != name:
-                continue
-            if all(f'{k}="{v}"' in head for k, v in labels.items()):
-                total += float(value)
-        return total
-
-    def writes(self) -> float:
-        return self.metric("projector_writes_total", result="ok") + self.metric(
-            "projector_status_writes_total"
-        )
-
-    def rss_mib(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
-
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    async def wait_ready(self, within: float = 120.0) -> float:
-        """Seconds from process start to /readyz 200."""
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"controller exited:\n{self.log.read_text()[-3000:]}")
-            if (await asyncio.to_thread(self.http, "/readyz"))[0] == 200:
-                return time.monotonic() - self.started
-            await asyncio.sleep(0.02)
-        raise TimeoutError("controller never became ready")
-
-    async def settle(self, within: float = 600.0) -> None:
-        """Wait until workers ran and nothing is ready or processing."""
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            text = (await asyncio.to_thread(self.http, "/metrics"))[1]
-            vals = {}
-            for line in text.splitlines():
-                for n in ("projector_queue_depth", "projector_queue_processing"):
-                    if line.startswith(n + " "):
-                        vals[n] = float(line.split()[1])
-            if vals and not any(vals.values()) and self.metric("projector_reconcile_total") > 0:
-                return
-            await asyncio.sleep(0.05)
-        raise TimeoutError("controller never settled")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return int(self.proc.returncode)
+async def wait_ready(c: ControllerProcess, within: float = 120.0) -> float:
+    """Seconds from process start to /readyz 200."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if await asyncio.to_thread(c.ready):
+            return time.monotonic() - c.started
+        await asyncio.sleep(0.02)
+    raise TimeoutError("controller never became ready")
 
 
-def start_controller(kubeconfig: Path, log: Path, *extra: str) -> Controller:
-    port = free_port()
-    args = [
-        controller_python(),
-        "-m",
-        "projector",
-        "run",
-        f"--kubeconfig={kubeconfig}",
-        "--namespace=default",
-        f"--http-port={port}",
-        "--http-host=127.0.0.1",
-        "--no-leader-elect",
-        "--log-level=warning",
-        *extra,
-    ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-    return Controller(proc, port, time.monotonic(), log, args)
+async def settle(c: ControllerProcess, within: float = 600.0) -> None:
+    """Wait until workers ran and nothing is ready or processing."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if await asyncio.to_thread(c.settled):
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError("controller never settled")
 
 
 @contextlib.asynccontextmanager
-async def controller(kubeconfig: Path, log: Path, *extra: str) -> AsyncIterator[Controller]:
-    c = start_controller(kubeconfig, log, *extra)
+async def controller(kubeconfig: Path, log: Path, *extra: str) -> AsyncIterator[ControllerProcess]:
+    c = launch(kubeconfig, log, "--log-level=warning", *extra, python=controller_python())
     try:
-        await c.wait_ready()
+        await wait_ready(c)
         yield c
     finally:
-        c.stop()
+        c.stop(timeout=30)
 
 
 async def delete_grants(kube: Kube) -> None:

@@ -10,7 +10,6 @@ with the build's own error. Exit code 0 only if every buildable peer passed and 
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import shutil
 import sys
@@ -26,14 +25,11 @@ from kubernetes import config as k8s_config
 
 from benchmarks.peers import Peer, PeerError, PeerUnavailable, all_peers, stop
 from tests.controlplane.plane import ControlPlane, ensure_binaries
+from tests.support import b64
 
 KEY = "value"
 COPIES = 3  # the default; the first 3 copies are printed one by one
 TIMEOUT = 60.0
-
-
-def b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
 
 
 class CopyWatch:

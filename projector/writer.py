@@ -48,17 +48,21 @@ R = TypeVar("R")
 log = structlog.get_logger("projector.writer")
 
 
-class _RetryAfterOrBackoff(wait_base):
-    """Honour a 429's Retry-After; otherwise exponential backoff with jitter."""
+MAX_RETRY_AFTER = 10.0
+"""Cap on a 429's Retry-After: a server asking for minutes must not stall a worker that long."""
 
-    def __init__(self) -> None:
-        self._backoff = wait_exponential_jitter(initial=0.05, max=2.0)
+
+class _RetryAfterOrBackoff(wait_base):
+    """Honour a 429's Retry-After (capped); otherwise exponential backoff with jitter."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self._backoff = wait_exponential_jitter(multiplier=initial, max=maximum, jitter=initial)
 
     def __call__(self, retry_state: Any) -> float:
         outcome = retry_state.outcome
         err = outcome.exception() if outcome is not None else None
         if isinstance(err, TooManyRequests):
-            return float(err.retry_after)
+            return min(float(err.retry_after), MAX_RETRY_AFTER)
         return float(self._backoff(retry_state))
 
 
@@ -73,12 +77,19 @@ class Writer:
     """Executes plans, writes statuses and records Events; the only code that writes."""
 
     def __init__(
-        self, api: Api, *, metrics: Metrics, concurrency: int = 32, attempts: int = 4
+        self,
+        api: Api,
+        *,
+        metrics: Metrics,
+        concurrency: int = 32,
+        attempts: int = 4,
+        backoff: tuple[float, float] = (0.05, 2.0),
     ) -> None:
         self._api = api
         self._metrics = metrics
         self._slots = asyncio.Semaphore(concurrency)
         self._attempts = attempts
+        self._backoff = backoff
 
     async def _send(self, write: Callable[[Api], Awaitable[R]]) -> R:
         """The choke point: every write passes here, and nowhere else."""
@@ -101,7 +112,7 @@ class Writer:
             try:
                 async for attempt in AsyncRetrying(
                     stop=stop_after_attempt(self._attempts),
-                    wait=_RetryAfterOrBackoff(),
+                    wait=_RetryAfterOrBackoff(*self._backoff),
                     retry=retry_if_exception(_transient),
                     reraise=True,
                 ):

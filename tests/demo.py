@@ -10,15 +10,11 @@ not assumed; the exit code is 0 only if every step was seen. Colour only on a te
 from __future__ import annotations
 
 import argparse
-import base64
-import contextlib
-import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,12 +22,11 @@ from typing import Any, TypeVar
 import yaml
 from kubernetes import client, utils
 
-from tests.controlplane.plane import ControlPlane, free_port
-from tests.support import api_client, eventually, projector_kubeconfig
+from tests.controlplane.plane import ControlPlane
+from tests.launcher import REPO, ControllerProcess, launch
+from tests.support import api_client, decode, eventually, projector_kubeconfig
 
 T = TypeVar("T")
-REPO = Path(__file__).resolve().parents[1]
-SYSTEM_NS = "projector-system"
 GROUP, VERSION, PLURAL = "projector.nebari.dev", "v1alpha1", "projectiongrants"
 TTY = sys.stdout.isatty()
 
@@ -95,7 +90,7 @@ def secret_data(core: client.CoreV1Api, ns: str, name: str) -> dict[str, str] | 
         if e.status == 404:
             return None
         raise
-    return {k: base64.b64decode(v).decode() for k, v in (s.data or {}).items()}
+    return decode(s.data or {})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,40 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     story = Story()
     with tempfile.TemporaryDirectory() as tmp:
         kubeconfig = projector_kubeconfig(api, plane, Path(tmp) / "kubeconfig")
-        port = free_port()
-        log = Path(tmp) / "controller.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "projector",
-                    "run",
-                    f"--kubeconfig={kubeconfig}",
-                    f"--namespace={SYSTEM_NS}",
-                    f"--http-port={port}",
-                    "--http-host=127.0.0.1",
-                    "--no-leader-elect",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=REPO,
-                env=env,
-            )
+        ctl = launch(kubeconfig, Path(tmp) / "controller.log")
         try:
-            run_story(story, core, custom, api, port)
+            run_story(story, core, custom, api, ctl)
         finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                code = proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = -9
+            code = ctl.stop(signal.SIGINT)
             if code != 0:
                 story.failed.append(f"controller exit code {code}")
             if story.failed:
-                print(log.read_text(errors="replace")[-4000:])
+                print(ctl.logs()[-4000:])
     print()
     if story.failed:
         print(paint(f"{len(story.failed)} step(s) not observed: {story.failed}", "1;31"))
@@ -174,25 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _ready(port: int) -> bool:
-    with (
-        contextlib.suppress(OSError),
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r,
-    ):
-        return bool(r.status == 200)
-    return False
-
-
 def run_story(
     story: Story,
     core: client.CoreV1Api,
     custom: client.CustomObjectsApi,
     api: client.ApiClient,
-    port: int,
+    ctl: ControllerProcess,
 ) -> None:
     story.step(
         "projector runs as its ServiceAccount (deploy/rbac) and its caches sync",
-        lambda: _ready(port),
+        ctl.ready,
     )
     story.say(
         "producers opt in: label projector.nebari.dev/export=true, "

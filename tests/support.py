@@ -1,4 +1,5 @@
-"""Helpers shared by the tests: waiting, naming, ServiceAccount tokens, Docker detection.
+"""Helpers shared by the tests: waiting, naming, ServiceAccount tokens, Docker detection, and the
+`Cluster` through which integration tests arrange and assert (with canary Secret values).
 
 ``eventually`` is the only way tests wait: the API server is eventually consistent (RBAC caches,
 watches, controllers), and fixed sleeps are both slow and flaky.
@@ -6,16 +7,19 @@ watches, controllers), and fixed sleeps are both slow and flaky.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
+import json
 import re
 import secrets
 import string
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import yaml
 from kubernetes import client, config, utils
@@ -23,6 +27,8 @@ from kubernetes import client, config, utils
 from tests.controlplane.plane import ControlPlane, kubeconfig_dict, write_kubeconfig
 
 T = TypeVar("T")
+
+GROUP, VERSION, PLURAL = "projector.nebari.dev", "v1alpha1", "projectiongrants"
 
 _SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
 _NOT_DNS = re.compile(r"[^a-z0-9]+")
@@ -154,3 +160,193 @@ def projector_kubeconfig(api: client.ApiClient, plane: ControlPlane, dest: Path)
     token = request_token(core, "projector", namespace)
     user = f"system:serviceaccount:{namespace}:projector"
     return write_token_kubeconfig(dest, plane, token, user=user, namespace=namespace)
+
+
+@dataclass
+class Canaries:
+    """Secret values planted by tests; none may appear anywhere but in Secrets."""
+
+    values: set[str] = field(default_factory=set)
+
+    def add(self, value: str) -> None:
+        self.values.add(value)
+
+    def forms(self) -> set[str]:
+        out = set()
+        for v in self.values:
+            out.add(v)
+            out.add(base64.b64encode(v.encode()).decode())
+        return out
+
+    def assert_absent(self, where: str, text: str) -> None:
+        leaked = sorted(f for f in self.forms() if f in text)
+        assert not leaked, f"secret value(s) leaked into {where}: {len(leaked)} found"
+
+
+class Cluster:
+    """Arrange and assert with the official client, as admin."""
+
+    def __init__(
+        self,
+        core: client.CoreV1Api,
+        custom: client.CustomObjectsApi,
+        canaries: Canaries,
+        prefix: str,
+    ) -> None:
+        self.core = core
+        self.custom = custom
+        self.canaries = canaries
+        self.prefix = prefix
+        self.grants: list[str] = []
+
+    # -- sources ---------------------------------------------------------------------------------
+
+    def source(
+        self,
+        namespace: str,
+        name: str,
+        data: Mapping[str, str],
+        *,
+        export_to: str | None = None,
+        exported: bool = True,
+        type_: str = "Opaque",
+        immutable: bool | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> client.V1Secret:
+        for v in data.values():
+            self.canaries.add(v)
+        meta_labels = dict(labels or {})
+        if exported:
+            meta_labels["projector.nebari.dev/export"] = "true"
+        annotations = (
+            {"projector.nebari.dev/export-to": export_to} if export_to is not None else None
+        )
+        body = client.V1Secret(
+            metadata=client.V1ObjectMeta(name=name, labels=meta_labels, annotations=annotations),
+            type=type_,
+            data=encode(data),
+            immutable=immutable,
+        )
+        return self.core.create_namespaced_secret(namespace, body)
+
+    def patch_secret(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        for v in ((patch.get("data") or {}) | (patch.get("stringData") or {})).values():
+            if v is not None:
+                self.canaries.add(v)
+        if "data" in patch:
+            patch = {
+                **patch,
+                "data": {k: None if v is None else b64(v) for k, v in patch["data"].items()},
+            }
+        self.core.patch_namespaced_secret(name, namespace, patch)
+
+    # -- grants ----------------------------------------------------------------------------------
+
+    def grant(
+        self,
+        source: tuple[str, str],
+        *,
+        name: str | None = None,
+        namespaces: Sequence[str] | None = None,
+        selector: Mapping[str, Any] | None = None,
+        keys: Sequence[Mapping[str, str]] | None = None,
+        target_name: str | None = None,
+        on_revoke: str | None = None,
+        on_source_deleted: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> str:
+        name = name or unique_name(self.prefix)
+        target: dict[str, Any] = {}
+        if namespaces is not None:
+            target["namespaces"] = list(namespaces)
+        if selector is not None:
+            target["namespaceSelector"] = dict(selector)
+        if target_name:
+            target["name"] = target_name
+        if labels:
+            target["labels"] = dict(labels)
+        spec: dict[str, Any] = {
+            "source": {"namespace": source[0], "name": source[1]},
+            "target": target,
+        }
+        if keys is not None:
+            spec["keys"] = list(keys)
+        policy = {
+            k: v for k, v in (("onRevoke", on_revoke), ("onSourceDeleted", on_source_deleted)) if v
+        }
+        if policy:
+            spec["policy"] = policy
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ProjectionGrant",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+        self.custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
+        self.grants.append(name)
+        return name
+
+    def get_grant(self, name: str) -> dict[str, Any]:
+        obj = self.custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+        return cast(dict[str, Any], obj)
+
+    def patch_grant(self, name: str, patch: dict[str, Any]) -> None:
+        self.custom.patch_cluster_custom_object(GROUP, VERSION, PLURAL, name, patch)
+
+    def delete_grant(self, name: str) -> None:
+        with contextlib.suppress(client.ApiException):
+            self.custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.get_grant(name).get("status") or {}
+
+    def condition(self, grant: str, type_: str) -> dict[str, Any] | None:
+        for c in self.status(grant).get("conditions") or ():
+            if c["type"] == type_:
+                return dict(c)
+        return None
+
+    def events(self, grant: str) -> list[client.CoreV1Event]:
+        evs = self.core.list_namespaced_event(
+            "default", field_selector=f"involvedObject.name={grant}"
+        )
+        return list(evs.items)
+
+    # -- copies ----------------------------------------------------------------------------------
+
+    def copy(self, namespace: str, name: str) -> client.V1Secret | None:
+        try:
+            return self.core.read_namespaced_secret(name, namespace)
+        except client.ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def copy_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        s = self.copy(namespace, name)
+        return None if s is None else decode(s.data or {})
+
+    def scan(self) -> None:
+        """No canary in any test grant's status or Events."""
+        for g in self.grants:
+            with contextlib.suppress(client.ApiException):
+                self.canaries.assert_absent(f"status of {g}", json.dumps(self.status(g)))
+            text = json.dumps([(e.reason, e.message) for e in self.events(g)])
+            self.canaries.assert_absent(f"events of {g}", text)
+
+    def cleanup(self) -> None:
+        for g in self.grants:
+            self.delete_grant(g)
+
+
+def b64(v: str) -> str:
+    """Encode text as the API carries Secret data."""
+    return base64.b64encode(v.encode()).decode()
+
+
+def encode(data: Mapping[str, str]) -> dict[str, bytes | str]:
+    return {k: b64(v) for k, v in data.items()}
+
+
+def decode(data: Mapping[str, bytes | str]) -> dict[str, str]:
+    return {k: base64.b64decode(v).decode() for k, v in data.items()}

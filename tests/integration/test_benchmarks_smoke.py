@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from tests.controlplane.plane import ControlPlane
+from tests.launcher import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 EXPECTED = {"hotpath", "fanout-5", "latency", "burst", "restart", "memory"}
 
 

@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.integration.conftest import REPO, Cluster, ControllerProcess
-from tests.support import NamespaceFactory, eventually
+from tests.launcher import REPO, ControllerProcess
+from tests.support import Cluster, NamespaceFactory, eventually
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

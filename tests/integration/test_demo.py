@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 from tests.controlplane.plane import ControlPlane
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.launcher import REPO
 
 
 def test_demo_story_is_observed_end_to_end(control_plane: ControlPlane, tmp_path: Path) -> None:

@@ -11,14 +11,17 @@ import base64
 import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from kubernetes import client
 
+from projector.api import SECRETS, Obj
 from projector.errors import NotFound
 from projector.informer import Informer
-from projector.kube import SECRETS, Kube, Obj
+from projector.kube import Kube
 from projector.model import ObjectKey
+from projector.store import Cache, Kind, Spec
 from tests.controlplane.plane import ControlPlane
 
 
@@ -54,11 +57,28 @@ def secret(core: client.CoreV1Api, ns: str, name: str, labels: dict[str, str], v
     )
 
 
+def informer(
+    kube: Kube,
+    label: str,
+    changes: list[tuple[object, object]] | None = None,
+    **kw: Any,
+) -> Informer[ObjectKey, dict[str, str]]:
+    """An informer of the Secrets labelled `label=yes`, into a cache of their data."""
+    spec = Spec(Kind.COPY, SECRETS, _data, _key, f"{label}=yes")
+    record = changes.append if changes is not None else lambda _change: None
+    cache: Cache[ObjectKey, dict[str, str]] = Cache(spec, lambda old, new: record((old, new)))
+    return Informer(kube, cache, **kw)
+
+
+def keys(inf: Informer[ObjectKey, dict[str, str]]) -> set[ObjectKey]:
+    return set(inf.cache)
+
+
 @contextlib.asynccontextmanager
 async def running(inf: Informer[ObjectKey, dict[str, str]]) -> AsyncIterator[None]:
     task = asyncio.create_task(inf.run())
     try:
-        await asyncio.wait_for(inf.synced.wait(), 20)
+        await asyncio.wait_for(inf.cache.synced.wait(), 20)
         yield
     finally:
         task.cancel()
@@ -73,24 +93,17 @@ async def test_list_then_watch_with_label_filter(
     secret(core_v1, namespace, "before", {label: "yes"}, "1")
     secret(core_v1, namespace, "unrelated", {}, "1")
     changes: list[tuple[object, object]] = []
-    inf: Informer[ObjectKey, dict[str, str]] = Informer(
-        kube,
-        SECRETS,
-        parse=_data,
-        key=_key,
-        label_selector=f"{label}=yes",
-        on_change=lambda old, new: changes.append((old, new)),
-    )
+    inf = informer(kube, label, changes)
     async with running(inf):
-        assert set(inf.items) == {ObjectKey(namespace, "before")}
+        assert keys(inf) == {ObjectKey(namespace, "before")}
         secret(core_v1, namespace, "after", {label: "yes"}, "2")
         secret(core_v1, namespace, "unrelated-2", {}, "2")
-        await until(lambda: ObjectKey(namespace, "after") in inf.items)
+        await until(lambda: ObjectKey(namespace, "after") in keys(inf))
         core_v1.patch_namespaced_secret(
             "before", namespace, {"metadata": {"labels": {label: None}}}
         )
-        await until(lambda: ObjectKey(namespace, "before") not in inf.items)
-        assert set(inf.items) == {ObjectKey(namespace, "after")}
+        await until(lambda: ObjectKey(namespace, "before") not in keys(inf))
+        assert keys(inf) == {ObjectKey(namespace, "after")}
         assert (changes[-1][0], changes[-1][1]) == ({"v": base64.b64encode(b"1").decode()}, None)
 
 
@@ -104,24 +117,16 @@ async def test_resumes_after_server_timeout(
 ) -> None:
     label = f"informer-410-{namespace}"
     events: Counter[str] = Counter()
-    inf: Informer[ObjectKey, dict[str, str]] = Informer(
-        kube,
-        SECRETS,
-        parse=_data,
-        key=_key,
-        label_selector=f"{label}=yes",
-        timeout_seconds=1,
-        on_event=lambda _kind, t: events.update([t]),
-    )
+    inf = informer(kube, label, timeout_seconds=1, on_event=lambda _k, t: events.update([t]))
     async with running(inf):
         await until(lambda: events["WATCH_RESTART"] >= 1)  # the server ended a watch; resumed
         secret(core_v1, namespace, "a", {label: "yes"}, "1")
-        await until(lambda: ObjectKey(namespace, "a") in inf.items)
+        await until(lambda: ObjectKey(namespace, "a") in keys(inf))
         restarts = events["WATCH_RESTART"]
         await until(lambda: events["WATCH_RESTART"] > restarts)
         secret(core_v1, namespace, "b", {label: "yes"}, "1")
-        await until(lambda: ObjectKey(namespace, "b") in inf.items)
-        assert inf.healthy.is_set() and events["RELIST"] == 1  # resumed, never relisted
+        await until(lambda: ObjectKey(namespace, "b") in keys(inf))
+        assert inf.cache.healthy.is_set() and events["RELIST"] == 1  # resumed, never relisted
 
 
 async def test_silent_watch_is_detected_and_restarted(
@@ -129,16 +134,8 @@ async def test_silent_watch_is_detected_and_restarted(
 ) -> None:
     label = f"informer-stall-{namespace}"
     events: Counter[str] = Counter()
-    inf: Informer[ObjectKey, dict[str, str]] = Informer(
-        kube,
-        SECRETS,
-        parse=_data,
-        key=_key,
-        label_selector=f"{label}=yes",
-        read_deadline=0.5,
-        on_event=lambda _kind, t: events.update([t]),
-    )
+    inf = informer(kube, label, read_deadline=0.5, on_event=lambda _k, t: events.update([t]))
     async with running(inf):
         await until(lambda: events["ERROR"] >= 1)  # no byte for 0.5 s: treated as stalled
         secret(core_v1, namespace, "late", {label: "yes"}, "1")
-        await until(lambda: ObjectKey(namespace, "late") in inf.items)
+        await until(lambda: ObjectKey(namespace, "late") in keys(inf))

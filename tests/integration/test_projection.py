@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.integration.conftest import Cluster, ControllerProcess
-from tests.support import NamespaceFactory, eventually
+from tests.launcher import ControllerProcess
+from tests.support import Cluster, NamespaceFactory, eventually
 
 DATA = {"token": "CANARY-token-1", "other": "CANARY-other-1"}
 

@@ -17,8 +17,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from tests.controlplane.plane import ControlPlane
-from tests.integration.conftest import Cluster
-from tests.support import NamespaceFactory, eventually
+from tests.support import Cluster, NamespaceFactory, eventually
 
 DATA = {"token": "CANARY-resilience-1"}
 

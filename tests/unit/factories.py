@@ -11,7 +11,6 @@ way the writer would (an Update keeps what others added to the copy), to check c
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -34,6 +33,7 @@ from projector.model import (
     parse_export_to,
 )
 from projector.reconcile import Action, Desired, Plan, Reason, Snapshot, SourceState, desired_copy
+from tests.support import b64 as b64  # the unit tests take it from here
 
 SRC_NS = "src"
 SRC_NAME = "hub"
@@ -41,11 +41,6 @@ T0 = "2024-01-01T00:00:00Z"
 T1 = "2024-06-01T00:00:00Z"
 BY_HAND = "kubectl-client-side-apply"
 """The field manager of a Secret someone wrote with kubectl (say, copied from a real copy)."""
-
-
-def b64(text: str) -> str:
-    """Encode like the API returns Secret data."""
-    return base64.b64encode(text.encode()).decode()
 
 
 def make_grant(

@@ -214,7 +214,7 @@ async def test_snapshot_holds_what_the_grant_touches_and_never_changes_after(sto
     assert snap == before
     assert set(snap.namespaces) == {"a", "b"} and ObjectKey("c", "old-name") in snap.copies
     with pytest.raises(TypeError):
-        snap.namespaces["x"] = snap.namespaces["a"]  # type: ignore[index]
+        snap.namespaces["x"] = snap.namespaces["a"]
 
 
 async def test_a_store_loaded_once_gives_the_snapshot_the_running_store_gives() -> None:

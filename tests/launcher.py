@@ -1,0 +1,134 @@
+"""The one launcher of `projector run` subprocesses: integration tests, the demo, benchmarks.
+
+Each starts the real controller as a process on a free loopback port, reads its /readyz and
+/metrics, and stops it with a signal; OTEL_* variables are dropped so no test exports spans.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.controlplane.plane import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+"""Every sample of a /metrics page, keyed by (name, sorted labels)."""
+
+
+@dataclass
+class ControllerProcess:
+    """One `projector run` subprocess, with its log file and HTTP port."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    started: float
+    """time.monotonic() just before the process was spawned."""
+
+    def get(self, path: str) -> tuple[int, str]:
+        """GET a path of its HTTP port: (status, body); (0, "") if nothing answers."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return int(r.status), r.read().decode()
+        except urllib.error.HTTPError as e:
+            return int(e.code), e.read().decode()
+        except OSError:
+            return 0, ""
+
+    def ready(self) -> bool:
+        """/readyz answers 200; raises, with the log's tail, if the process has exited."""
+        if self.proc.poll() is not None:
+            raise AssertionError(
+                f"controller exited {self.proc.returncode}:\n{self.logs()[-3000:]}"
+            )
+        return self.get("/readyz")[0] == 200
+
+    def metrics(self) -> Samples:
+        out: Samples = {}
+        for fam in text_string_to_metric_families(self.get("/metrics")[1]):
+            for s in fam.samples:
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return out
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of `name` whose labels include `labels`."""
+        return sum(
+            v
+            for (n, ls), v in self.metrics().items()
+            if n == name and all((k, val) in ls for k, val in labels.items())
+        )
+
+    def reconciles(self) -> float:
+        return self.metric("projector_reconcile_total")
+
+    def settled(self) -> bool:
+        """Workers ran, and nothing is ready or processing (delayed rechecks may wait)."""
+        m = self.metrics()
+        return (
+            sum(v for (n, _), v in m.items() if n == "projector_reconcile_total") >= 1
+            and m.get(("projector_queue_depth", ()), 1) == 0
+            and m.get(("projector_queue_processing", ()), 1) == 0
+        )
+
+    def writes(self) -> float:
+        """Every write the controller made: copies and grant statuses."""
+        ok = self.metric("projector_writes_total", result="ok")
+        return ok + self.metric("projector_status_writes_total")
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        """Signal it and wait; kill it if it does not exit in time. Returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return int(self.proc.returncode)
+
+
+def launch(
+    kubeconfig: Path, log: Path, *extra: str, python: str = sys.executable
+) -> ControllerProcess:
+    """Start `projector run` against `kubeconfig` on a free loopback port, logging to `log`."""
+    port = free_port()
+    args = [
+        python,
+        "-m",
+        "projector",
+        "run",
+        f"--kubeconfig={kubeconfig}",
+        f"--http-port={port}",
+        "--http-host=127.0.0.1",
+        "--no-leader-elect",
+        *extra,
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    started = time.monotonic()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    return ControllerProcess(proc, port, log, started)

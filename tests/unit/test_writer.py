@@ -1,0 +1,231 @@
+"""The writer's error handling, against the in-memory API double (tests/unit/fakeapi.py).
+
+What the real server does on the common paths is proven in tests/integration; here, each error
+status the writer can meet, including those a test cannot make a real server produce on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from projector.api import EVENTS, GRANTS, SECRETS
+from projector.errors import (
+    ApiError,
+    Conflict,
+    Forbidden,
+    Invalid,
+    NotFound,
+    ServerError,
+    TooManyRequests,
+)
+from projector.model import Copy
+from projector.reconcile import Action, Plan, Reason, plan
+from projector.telemetry import Metrics
+from projector.writer import Writer
+from tests.unit.factories import (
+    SRC_NAME,
+    copy_from,
+    desired_of,
+    make_grant,
+    make_snapshot,
+    make_source,
+    namespaces,
+    stored_secret,
+)
+from tests.unit.fakeapi import FakeApi
+
+G = make_grant(namespaces=("a",))
+S = make_source()
+TERMINATING = Forbidden(
+    403, "Forbidden", "namespace a is being terminated", ("NamespaceTerminating",)
+)
+
+
+def plan_for(*copies: Copy) -> Plan:
+    return plan(make_snapshot(G, S, namespaces=namespaces("a"), copies=copies))
+
+
+def writer(api: FakeApi) -> tuple[Writer, Metrics]:
+    metrics = Metrics()
+    return Writer(api, metrics=metrics, attempts=4, backoff=(0.001, 0.001)), metrics
+
+
+def store(api: FakeApi, copy: Copy) -> None:
+    """Put the Secret that `copy` describes on the fake server, at the same resourceVersion."""
+    api.objects[SECRETS.plural, copy.key.namespace, copy.key.name] = stored_secret(
+        copy.key.namespace,
+        copy.key.name,
+        labels=dict(copy.labels),
+        annotations=dict(copy.annotations),
+        uid=copy.uid,
+        resource_version=copy.resource_version,
+    )
+
+
+def writes(metrics: Metrics, action: str, result: str) -> float:
+    return metrics.writes.labels(action, result)._value.get()
+
+
+async def test_create_lands_and_is_counted() -> None:
+    api = FakeApi()
+    w, metrics = writer(api)
+    (out,) = await w.execute(plan_for())
+    assert (out.reason, out.written) == (Reason.PROJECTED, True)
+    assert api.get_object(SECRETS, "a", SRC_NAME) is not None
+    assert writes(metrics, "Create", "ok") == 1
+
+
+@pytest.mark.parametrize(
+    ("errors", "reason", "calls"),
+    [
+        pytest.param([TERMINATING], Reason.TERMINATING, 1, id="403-terminating-namespace-skipped"),
+        pytest.param(
+            [Forbidden(403, "Forbidden", "quota")], Reason.WRITE_FAILED, 1, id="403-not-retried"
+        ),
+        pytest.param(
+            [NotFound(404, "NotFound")], Reason.NAMESPACE_MISSING, 1, id="404-namespace-missing"
+        ),
+        pytest.param([Invalid(422, "Invalid")], Reason.WRITE_FAILED, 1, id="422-not-retried"),
+        pytest.param([ServerError(503, "Unavailable")] * 2, Reason.PROJECTED, 3, id="5xx-retried"),
+        pytest.param(
+            [ServerError(0, "ReadTimeout")] * 4, Reason.WRITE_FAILED, 4, id="timeouts-give-up"
+        ),
+        pytest.param([TooManyRequests(429, "TooMany")], Reason.PROJECTED, 2, id="429-retried"),
+        pytest.param(
+            [ApiError(418, "Teapot")], Reason.WRITE_FAILED, 1, id="unknown-4xx-not-retried"
+        ),
+    ],
+)
+async def test_create_errors(errors: list[ApiError], reason: Reason, calls: int) -> None:
+    api = FakeApi()
+    api.fail("CREATE", *errors)
+    w, _ = writer(api)
+    (out,) = await w.execute(plan_for())
+    assert out.reason is reason
+    assert out.written is (reason is Reason.PROJECTED)
+    assert [c[0] for c in api.calls] == ["CREATE"] * calls
+
+
+async def test_retry_after_is_honoured() -> None:
+    api = FakeApi()
+    api.fail("CREATE", TooManyRequests(429, "TooMany", retry_after=0.2))
+    w, _ = writer(api)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    (out,) = await w.execute(plan_for())
+    assert out.reason is Reason.PROJECTED
+    assert loop.time() - t0 >= 0.2
+
+
+async def test_stale_update_is_not_forced() -> None:
+    api = FakeApi()
+    old = copy_from(desired_of(G, make_source(data={"token": "b2xk"})), "a", resource_version="7")
+    store(api, old)
+    api.objects[SECRETS.plural, "a", SRC_NAME]["metadata"]["resourceVersion"] = "8"  # moved on
+    w, metrics = writer(api)
+    (out,) = await w.execute(plan_for(old))
+    assert out.step.action is Action.UPDATE
+    assert out.reason is Reason.WRITE_FAILED  # requeued, decided again on fresh state
+    assert [c[0] for c in api.calls] == ["UPDATE"]
+    assert writes(metrics, "Update", "error") == 1
+
+
+async def test_update_of_a_vanished_copy_creates_it() -> None:
+    api = FakeApi()
+    old = copy_from(desired_of(G, make_source(data={"token": "b2xk"})), "a")
+    w, _ = writer(api)
+    (out,) = await w.execute(plan_for(old))
+    assert (out.reason, out.written) == (Reason.PROJECTED, True)
+    assert [c[0] for c in api.calls] == ["UPDATE", "CREATE"]
+
+
+@pytest.mark.parametrize(
+    ("annotations", "reason"),
+    [
+        pytest.param({}, Reason.CONFLICT, id="foreign-secret-not-overwritten"),
+        pytest.param(
+            {"projector.nebari.dev/grant-uid": "uid-other"}, Reason.CONFLICT, id="other-grant"
+        ),
+    ],
+)
+async def test_create_meeting_an_uncached_secret_asks_the_ownership_rule(
+    annotations: dict[str, str], reason: Reason
+) -> None:
+    api = FakeApi()
+    api.add(SECRETS, stored_secret("a", SRC_NAME, annotations=annotations))
+    w, _ = writer(api)
+    (out,) = await w.execute(plan_for())
+    assert out.reason is reason and not out.written
+    assert [c[0] for c in api.calls] == ["CREATE", "GET"]
+
+
+async def test_create_meeting_our_uncached_copy_updates_it() -> None:
+    api = FakeApi()
+    ours = copy_from(desired_of(G, make_source(data={"token": "b2xk"})), "a")
+    store(api, ours)
+    api.objects[SECRETS.plural, "a", SRC_NAME]["metadata"]["managedFields"] = stored_secret(
+        "a",
+        SRC_NAME,
+        annotations=dict(ours.annotations),
+        managers={"projector": list(ours.annotations)},
+    )["metadata"]["managedFields"]
+    w, _ = writer(api)
+    (out,) = await w.execute(plan_for())
+    assert (out.reason, out.written) == (Reason.PROJECTED, True)
+    assert [c[0] for c in api.calls] == ["CREATE", "GET", "UPDATE"]
+
+
+@pytest.mark.parametrize(
+    ("error", "reason", "written"),
+    [
+        pytest.param(None, Reason.REVOKED, True, id="deleted"),
+        pytest.param(NotFound(404, "NotFound"), Reason.REVOKED, True, id="404-already-gone"),
+        pytest.param(Conflict(409, "Conflict"), Reason.WRITE_FAILED, False, id="409-precondition"),
+    ],
+)
+async def test_delete(error: ApiError | None, reason: Reason, written: bool) -> None:
+    api = FakeApi()
+    gone = make_grant(namespaces=())
+    copy = copy_from(desired_of(G, S), "a")
+    store(api, copy)
+    if error is not None:
+        api.fail("DELETE", error)
+    w, _ = writer(api)
+    p = plan(make_snapshot(None, None, copies=[copy], grant_name=gone.name))
+    (out,) = await w.execute(p)
+    assert out.step.action is Action.DELETE
+    assert (out.reason, out.written) == (reason, written)
+
+
+async def test_type_change_replaces_delete_then_create() -> None:
+    api = FakeApi()
+    tls = make_source(type_="kubernetes.io/tls")
+    old = copy_from(desired_of(G, S), "a")
+    store(api, old)
+    w, _ = writer(api)
+    p = plan(make_snapshot(G, tls, namespaces=namespaces("a"), copies=[old]))
+    (out,) = await w.execute(p)
+    assert out.step.action is Action.REPLACE and out.written
+    assert [c[0] for c in api.calls] == ["DELETE", "CREATE"]
+    stored: Any = api.get_object(SECRETS, "a", SRC_NAME)
+    assert stored["type"] == "kubernetes.io/tls"
+
+
+@pytest.mark.parametrize(
+    "error", [NotFound(404, "NotFound"), ServerError(500, "Boom"), Forbidden(403, "Forbidden")]
+)
+async def test_status_and_event_failures_never_raise(error: ApiError) -> None:
+    api = FakeApi()
+    api.add(GRANTS, {"metadata": {"name": "g"}})
+    api.fail("PATCH_STATUS", error)
+    api.fail("CREATE", error)
+    w, metrics = writer(api)
+    await w.write_status("g", {"observedGeneration": 1})
+    await w.create_event({"metadata": {"name": "g.1"}}, "default")
+    assert metrics.status_writes._value.get() == 0
+    assert api.get_object(EVENTS, "default", "g.1") is None
+    await w.write_status("g", {"observedGeneration": 2})
+    assert metrics.status_writes._value.get() == 1
