@@ -132,11 +132,7 @@ class WorkQueue(Generic[K]):
 
     def add(self, key: K) -> None:
         """Add ``key`` after the trailing debounce window, so bursts collapse into one run."""
-        if self._shutting_down:
-            self._emit("dropped", key)
-            return
-        if key in self._dirty:
-            self._emit("coalesced", key)
+        if self._absorbed(key):
             return
         if self._debounce <= 0:
             self._release(key)
@@ -159,21 +155,13 @@ class WorkQueue(Generic[K]):
 
     def add_now(self, key: K) -> None:
         """Add ``key`` bypassing any debounce or delay, for changes that must not wait."""
-        if self._shutting_down:
-            self._emit("dropped", key)
-            return
-        if key in self._dirty:
-            self._emit("coalesced", key)
+        if self._absorbed(key):
             return
         self._release(key)
 
     def add_after(self, key: K, delay: float) -> None:
         """Add ``key`` in ``delay`` seconds; a key already waiting only ever moves earlier."""
-        if self._shutting_down:
-            self._emit("dropped", key)
-            return
-        if key in self._dirty:
-            self._emit("coalesced", key)
+        if self._absorbed(key):
             return
         if delay <= 0:
             self._release(key)
@@ -189,6 +177,16 @@ class WorkQueue(Generic[K]):
             pending.hard = target
         if target < pending.deadline:
             self._move_earlier(key, pending, target)
+
+    def _absorbed(self, key: K) -> bool:
+        """Drop an add after shutdown, or fold it into a dirty key: True if nothing is left."""
+        if self._shutting_down:
+            self._emit("dropped", key)
+            return True
+        if key in self._dirty:
+            self._emit("coalesced", key)
+            return True
+        return False
 
     def add_rate_limited(self, key: K) -> None:
         """Retry ``key`` after its exponential backoff, so a failing key cannot hot-loop."""

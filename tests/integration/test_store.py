@@ -15,6 +15,7 @@ from kubernetes import client
 
 from projector.informer import Informer
 from projector.kube import Kube
+from projector.model import ObjectKey
 from projector.reconcile import SourceState, plan
 from projector.store import Store
 from tests.support import Cluster, NamespaceFactory
@@ -68,5 +69,6 @@ async def test_a_store_loaded_once_snapshots_like_the_informed_one(
     assert one == two
     assert one.source_state is SourceState.AVAILABLE
     assert set(one.namespaces) == {listed, selected}
-    assert {k.namespace for k in one.copies} == {selected}
+    assert ObjectKey(selected, "hub") in one.copies  # at the target name: the plan sees it
+    assert ObjectKey(listed, "hub") not in one.copies
     assert plan(one) == plan(two)

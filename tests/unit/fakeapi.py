@@ -29,12 +29,15 @@ class FakeApi:
         self.objects: dict[Key, Obj] = {}
         self.calls: list[tuple[str, str, str]] = []
         """(verb, plural, name) of every call, failed ones included."""
-        self._errors: defaultdict[str, list[ApiError]] = defaultdict(list)
+        self._errors: defaultdict[str, list[ApiError | None]] = defaultdict(list)
         self._rv = itertools.count(100)
         self._uid = itertools.count(1)
 
-    def fail(self, verb: str, *errors: ApiError) -> None:
-        """Raise `errors`, one per call, on the next calls of `verb` (GET, CREATE, ...)."""
+    def fail(self, verb: str, *errors: ApiError | None) -> None:
+        """Raise `errors`, one per call, on the next calls of `verb` (GET, CREATE, ...).
+
+        A None lets that call through, so a later call of the same verb can fail.
+        """
         self._errors[verb].extend(errors)
 
     def add(self, res: Resource, obj: Obj) -> Obj:
@@ -47,8 +50,8 @@ class FakeApi:
 
     def _call(self, verb: str, res: Resource, name: str = "") -> None:
         self.calls.append((verb, res.plural, name))
-        if self._errors[verb]:
-            raise self._errors[verb].pop(0)
+        if self._errors[verb] and (error := self._errors[verb].pop(0)) is not None:
+            raise error
 
     def _get(self, res: Resource, namespace: str | None, name: str) -> Obj:
         obj = self.objects.get((res.plural, namespace or "", name))

@@ -11,6 +11,8 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
 from projector.api import SECRETS, Api, Obj
 from projector.errors import Gone, ServerError
 from projector.informer import Informer
@@ -151,3 +153,17 @@ async def test_unparseable_object_is_skipped_not_fatal() -> None:
     async with running(inf):
         await asyncio.wait_for(kube.idle.wait(), 5)
     assert items(inf) == {"good": "x"}
+
+
+async def test_a_failing_index_update_ends_the_informer_loudly() -> None:
+    """A bug in the store's indexes must not drop a change silently: the informer dies with it."""
+    kube = ScriptedKube()
+    kube.scripts = [([("ADDED", obj("a", "11"))], None)]
+
+    def broken(_old: Any, _new: Any) -> None:
+        raise RuntimeError("index bug")
+
+    fake: Api = kube  # type: ignore[assignment]
+    inf = Informer(fake, Cache(SPEC, broken), backoff=(0.0, 0.0))
+    with pytest.raises(RuntimeError, match="index bug"):
+        await asyncio.wait_for(inf.run(), 5)

@@ -1,0 +1,127 @@
+"""The reconcile shell on the in-memory API double: what it writes and what it tells the queue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from projector.api import EVENTS, GRANTS, NAMESPACES, SECRETS
+from projector.config import Config
+from projector.controller import Controller
+from projector.errors import ServerError
+from projector.queue import WorkQueue
+from projector.recorder import Recorder
+from projector.status import Result
+from projector.store import Store
+from projector.telemetry import Metrics
+from projector.writer import Writer
+from tests.unit.fakeapi import FakeApi
+from tests.unit.test_store import copy_obj, grant_obj, ns_obj, source_obj
+
+
+async def controller(api: FakeApi) -> Controller:
+    store = Store(api)
+    await store.load()
+    metrics = Metrics()
+    writer = Writer(api, metrics=metrics, backoff=(0.001, 0.001))
+    return Controller(
+        store,
+        config=Config(),
+        metrics=metrics,
+        queue=WorkQueue(),
+        writer=writer,
+        recorder=Recorder(writer, "test"),
+    )
+
+
+def world(api: FakeApi, *, grant: dict[str, Any] | None = None) -> None:
+    api.add(NAMESPACES, ns_obj("a"))
+    api.add(NAMESPACES, ns_obj("src"))
+    api.add(SECRETS, source_obj("src", "s"))
+    api.add(GRANTS, grant or grant_obj("g", namespaces=["a"]))
+
+
+def verbs(api: FakeApi) -> list[str]:
+    return [f"{verb} {plural}" for verb, plural, _ in api.calls if verb not in ("LIST", "WATCH")]
+
+
+def condition(api: FakeApi) -> tuple[str, str]:
+    status: Any = api.get_object(GRANTS, "", "g")
+    ready = next(c for c in status["status"]["conditions"] if c["type"] == "Ready")
+    return ready["status"], ready["reason"]
+
+
+async def test_projects_writes_status_once_and_tells_the_queue_to_forget() -> None:
+    api = FakeApi()
+    world(api)
+    ctl = await controller(api)
+    assert await ctl.reconcile("g") is Result.OK
+    assert verbs(api) == ["CREATE secrets", "PATCH_STATUS projectiongrants", "CREATE events"]
+    assert api.get_object(SECRETS, "a", "s") is not None
+    assert condition(api) == ("True", "Projected")
+    assert ctl.metrics.grants.labels("true")._value.get() == 1
+
+
+async def test_a_cache_behind_the_server_means_no_work_at_all() -> None:
+    api = FakeApi()
+    world(api)
+    ctl = await controller(api)
+    ctl.store.copies.healthy.clear()
+    api.calls.clear()
+    assert await ctl.reconcile("g") is Result.UNHEALTHY
+    assert api.calls == []
+
+
+async def test_failed_writes_are_retried_with_backoff_and_reported() -> None:
+    api = FakeApi()
+    world(api)
+    ctl = await controller(api)
+    api.fail("CREATE", *[ServerError(503, "ServiceUnavailable")] * 4)
+    assert await ctl.reconcile("g") is Result.ERROR
+    assert condition(api) == ("False", "WriteFailed")
+    assert ctl.metrics.writes.labels("Create", "error")._value.get() == 1
+
+
+async def test_an_unreadable_source_is_retried_and_deletes_nothing() -> None:
+    api = FakeApi()
+    world(api, grant=grant_obj("g", ("src", "other"), namespaces=["a"], name="s"))
+    api.add(SECRETS, copy_obj("a", "s", label="g", uid="uid-g"))
+    ctl = await controller(api)
+    api.fail("GET", ServerError(0, "ReadTimeout"))
+    assert await ctl.reconcile("g") is Result.ERROR
+    assert "DELETE secrets" not in verbs(api)
+    assert condition(api) == ("False", "Unknown")
+
+
+async def test_invalid_grant_gets_a_status_and_no_write() -> None:
+    api = FakeApi()
+    world(api, grant=grant_obj("g"))  # no target at all
+    ctl = await controller(api)
+    assert await ctl.reconcile("g") is Result.OK
+    assert verbs(api) == ["PATCH_STATUS projectiongrants"]
+    assert condition(api) == ("False", "InvalidSpec")
+
+
+async def test_a_deleted_grant_revokes_its_copies_by_their_recorded_policy() -> None:
+    api = FakeApi()
+    api.add(NAMESPACES, ns_obj("a"))
+    api.add(SECRETS, copy_obj("a", "s", label="g", uid="uid-gone"))  # no policy: Retain
+    api.add(SECRETS, copy_obj("a", "t", label="g", uid="uid-gone"))
+    api.objects[SECRETS.plural, "a", "t"]["metadata"]["annotations"][
+        "projector.nebari.dev/on-revoke"
+    ] = "Delete"
+    ctl = await controller(api)
+    assert await ctl.reconcile("g") is Result.OK
+    assert verbs(api) == ["DELETE secrets"]
+    assert api.get_object(SECRETS, "a", "s") is not None
+    assert api.get_object(SECRETS, "a", "t") is None
+
+
+async def test_a_refused_event_never_fails_the_reconcile() -> None:
+    api = FakeApi()
+    world(api)
+    ctl = await controller(api)
+    api.fail("CREATE", None, ServerError(500, "Boom"))  # the copy lands, the Event does not
+    assert await ctl.reconcile("g") is Result.OK
+    assert api.get_object(SECRETS, "a", "s") is not None
+    assert not [k for k in api.objects if k[0] == EVENTS.plural]
+    assert verbs(api) == ["CREATE secrets", "PATCH_STATUS projectiongrants", "CREATE events"]
