@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import datetime as dt
 import fcntl
+import functools
 import ipaddress
 import json
 import os
@@ -24,7 +25,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -271,25 +272,68 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
-    """Ask Linux to SIGTERM the child if the test process dies, so no server outlives pytest."""
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
-    if os.getppid() != parent:
-        os._exit(1)
+PR_SET_PDEATHSIG = 1
 
 
-def _proc_exe_matches(pid: int, exe: str) -> bool:
-    """True if pid is alive, not a zombie, and still runs exe (guards against recycled pids)."""
+@functools.cache
+def _prctl() -> Any:
+    """libc's prctl, looked up in the parent: a dlopen() in a child forked from a threaded
+    process can deadlock on a loader lock another thread held at fork time."""
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _die_with_parent_hook() -> Callable[[], None]:
+    """A preexec_fn asking Linux to SIGTERM the child when its parent dies, so no server
+    outlives pytest.
+
+    Linux sends the signal when the *thread* that forked the child exits, not the process: start
+    a plane with die_with_parent from a thread that outlives the plane (the main thread, or a
+    pool's worker that is still alive when stop() runs).
+    """
+    prctl = _prctl()
+    parent = os.getpid()
+
+    def hook() -> None:  # pragma: no cover - runs in the forked child
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before prctl: nobody would stop us
+            os._exit(1)
+
+    return hook
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of /proc/<pid>/stat that identify a process and say whether it runs."""
+
+    state: str
+    pgrp: int
+    start_ticks: int  # clock ticks after boot: with the pid, an identity that survives pid reuse
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """Parse /proc/<pid>/stat (None if there is no such process)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()  # the comm before it may hold spaces and parens
+    return ProcStat(state=fields[0], pgrp=int(fields[2]), start_ticks=int(fields[19]))
+
+
+def _is_recorded_process(pid: int, exe: str, start_ticks: int | None) -> bool:
+    """True if pid runs and is the process recorded in a state file (not a recycled pid).
+
+    Only for processes another Python process started: a child of ours is asked of waitid().
+    """
+    stat = proc_stat(pid)
+    if stat is None or stat.state in ("Z", "X"):
+        return False
+    if start_ticks is not None:
+        return stat.start_ticks == start_ticks
+    try:  # a state file from before start times were recorded: compare the executable
+        return os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)") == exe
     except OSError:
         return False
-    state = stat.rsplit(")", 1)[-1].split()[0]
-    return state not in ("Z", "X") and cmdline[0].decode(errors="replace") == exe
 
 
 def peak_rss_kib(pid: int) -> int | None:
@@ -314,19 +358,27 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 @dataclass
 class Process:
-    """One started binary: its pid, the exe it must still be running, and its log."""
+    """One started binary: its pid, the exe, its start time (the pid's identity for another
+    process reading the state file) and its log."""
 
     name: str
     exe: str
     pid: int
     log: Path
+    start_ticks: int | None = None
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
     def alive(self) -> bool:
-        """Reap our own children first, so a dead child is not mistaken for a live zombie."""
-        if self.popen is not None and self.popen.poll() is not None:
-            return False
-        return _proc_exe_matches(self.pid, self.exe)
+        """True while the process runs.
+
+        A child of ours is asked of the kernel (its wait status): authoritative at any moment.
+        Never /proc/<pid>/cmdline: between the exec() that Popen waits for and the kernel
+        filling in the new argv, it reads empty (issue 14). A process recorded by another Python
+        process is matched by pid and start time in /proc.
+        """
+        if self.popen is not None:
+            return self.popen.poll() is None
+        return _is_recorded_process(self.pid, self.exe, self.start_ticks)
 
     def signal(self, sig: signal.Signals) -> None:
         """Signal the process only if it is still ours."""
@@ -563,7 +615,13 @@ class ControlPlane:
         plane.etcd_url = state.get("etcd", "")
         plane.kcm_url = state.get("controller_manager", "")
         for name, info in state.get("processes", {}).items():
-            plane.processes[name] = Process(name, info["exe"], int(info["pid"]), Path(info["log"]))
+            plane.processes[name] = Process(
+                name,
+                info["exe"],
+                int(info["pid"]),
+                Path(info["log"]),
+                start_ticks=info.get("start_ticks"),
+            )
         return plane
 
     def _write_state(self) -> None:
@@ -574,7 +632,7 @@ class ControlPlane:
             "controller_manager": self.kcm_url,
             "kubeconfig": str(self.kubeconfig),
             "processes": {
-                name: {"pid": p.pid, "exe": p.exe, "log": str(p.log)}
+                name: {"pid": p.pid, "exe": p.exe, "log": str(p.log), "start_ticks": p.start_ticks}
                 for name, p in self.processes.items()
             },
         }
@@ -628,9 +686,11 @@ class ControlPlane:
                 stderr=subprocess.STDOUT,
                 cwd=self.root,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if self.die_with_parent else None,
+                preexec_fn=_die_with_parent_hook() if self.die_with_parent else None,
             )
-        self.processes[name] = Process(name, exe, popen.pid, log, popen)
+        stat = proc_stat(popen.pid)  # our unreaped child: its /proc entry exists even if it died
+        start_ticks = None if stat is None else stat.start_ticks
+        self.processes[name] = Process(name, exe, popen.pid, log, start_ticks, popen)
 
     def _wait_for(self, name: str, url: str, *, tls: bool) -> None:
         """Poll a health URL until it is healthy, failing fast (with logs) if a process exits."""
@@ -728,6 +788,7 @@ __all__ = [
     "describe",
     "ensure_binaries",
     "kubeconfig_dict",
+    "proc_stat",
     "read_versions",
     "write_kubeconfig",
 ]

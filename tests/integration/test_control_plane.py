@@ -2,11 +2,13 @@
 
 Watches with resourceVersion semantics, RBAC that denies, CEL validation, label selectors,
 optimistic concurrency, and the controllers (namespace, garbage collector) that envtest lacks.
+The last section tests the plane's own lifecycle.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,16 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 
-from tests.controlplane.plane import ControlPlane, read_versions
+from tests.controlplane import plane as plane_module
+from tests.controlplane.plane import (
+    APISERVER,
+    CONTROLLER_MANAGER,
+    ETCD,
+    ControlPlane,
+    Process,
+    read_versions,
+    stop_processes,
+)
 from tests.support import (
     NamespaceFactory,
     ServiceAccountKubeconfigFactory,
@@ -294,3 +305,86 @@ def test_garbage_collector_deletes_dependents(core_v1: client.CoreV1Api, namespa
 def test_version_is_pinned(admin_client: client.ApiClient) -> None:
     info = client.VersionApi(admin_client).get_code()
     assert info.git_version == read_versions()["KUBE_VERSION"]
+
+
+# --- the plane's own lifecycle (issue 14) -------------------------------------------------------
+
+SPAWNS = 30
+
+
+class RecordingPlane(ControlPlane):
+    """A plane that remembers every process it spawned, across attempts and stop()."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spawned: list[Process] = []
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        super()._spawn(name, args)
+        self.spawned.append(self.processes[name])
+
+
+def fake_binaries(dest: Path, real: Path, **fakes: str) -> Path:
+    """A binaries dir of links to the real ones, except ``fakes``: name (with _ for -) -> either
+    an absolute path to link to, or the body of a shell script."""
+    dest.mkdir()
+    for name in (ETCD, APISERVER, CONTROLLER_MANAGER):
+        fake = fakes.get(name.replace("-", "_"))
+        if fake is None or fake.startswith("/"):
+            (dest / name).symlink_to(fake or real / name)
+        else:
+            (dest / name).write_text(f"#!/bin/sh\n{fake}")
+            (dest / name).chmod(0o755)
+    return dest
+
+
+def evict_from_page_cache(path: Path) -> None:
+    """Drop a file's cached pages (clean ones, not mapped by a running process)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_own_child_is_alive_whatever_proc_says(
+    binaries: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether a child of ours runs is its wait status, never a read of /proc (that can fail)."""
+    monkeypatch.setattr(plane_module, "_is_recorded_process", lambda *_: False)
+    fakes = fake_binaries(tmp_path / "bin", binaries, etcd="/bin/sleep")
+    plane = RecordingPlane(tmp_path / "plane", fakes)
+    plane._clean()
+    try:
+        plane._spawn(ETCD, ["300"])
+        assert plane.processes[ETCD].alive()
+    finally:
+        plane.stop()
+    assert not plane.spawned[0].alive()
+
+
+def test_a_just_started_server_is_alive(binaries: Path, tmp_path: Path) -> None:
+    """Issue 14: /proc/<pid>/cmdline reads empty between the exec() that Popen waits for and the
+    kernel filling in the new argv. The check that read it declared a starting etcd dead (its log
+    still empty), and stop() skipped it as dead: it kept running. The window is widest when the
+    binary is not in the page cache (after a build, under memory pressure): the old check said
+    "dead" for about half of these spawns, and for 1-3% on a busy machine with a warm cache."""
+    plane = RecordingPlane(tmp_path, binaries, crd_dir=None)
+    plane._clean()
+    try:
+        for i in range(SPAWNS):
+            evict_from_page_cache(binaries / ETCD)
+            plane._spawn(
+                ETCD,
+                [
+                    f"--data-dir={tmp_path / f'etcd-{i}'}",
+                    "--listen-client-urls=http://127.0.0.1:0",
+                    "--listen-peer-urls=http://127.0.0.1:0",
+                    "--advertise-client-urls=http://127.0.0.1:2379",
+                ],
+            )
+            assert plane.processes[ETCD].alive(), f"spawn {i}: a just-started etcd looks dead"
+            stop_processes([plane.processes[ETCD]])
+    finally:
+        stop_processes(plane.spawned)
+    assert not any(proc.alive() for proc in plane.spawned)
