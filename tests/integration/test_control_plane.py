@@ -2,14 +2,14 @@
 
 Watches with resourceVersion semantics, RBAC that denies, CEL validation, label selectors,
 optimistic concurrency, and the controllers (namespace, garbage collector) that envtest lacks.
-The last section tests the plane's own lifecycle.
+The last section tests the plane's own lifecycle: starts that retry, stops that leave nothing.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,11 @@ from tests.controlplane.plane import (
     CONTROLLER_MANAGER,
     ETCD,
     ControlPlane,
+    ControlPlaneError,
     Process,
+    group_members,
+    proc_stat,
+    processes_under,
     read_versions,
     stop_processes,
 )
@@ -307,7 +311,7 @@ def test_version_is_pinned(admin_client: client.ApiClient) -> None:
     assert info.git_version == read_versions()["KUBE_VERSION"]
 
 
-# --- the plane's own lifecycle (issue 14) -------------------------------------------------------
+# --- the plane's own lifecycle (issue 14): a start that never flakes, a stop that never leaks ---
 
 SPAWNS = 30
 
@@ -347,6 +351,23 @@ def evict_from_page_cache(path: Path) -> None:
         os.close(fd)
 
 
+def survivors(plane: RecordingPlane) -> list[str]:
+    """Anything of the plane still running, or not reaped: by recorded pid and start time, by
+    process group, and by a /proc scan for command lines that name the plane's root dir."""
+    found = []
+    for proc in plane.spawned:
+        assert proc.popen is not None
+        if proc.popen.returncode is None:
+            found.append(f"{proc.name} pid {proc.pid} was not reaped")
+        stat = proc_stat(proc.pid)
+        if stat is not None and stat.start_ticks == proc.start_ticks:
+            found.append(f"{proc.name} pid {proc.pid} is still there ({stat.state})")
+    for proc in plane.spawned:
+        found += [f"pid {pid} in {proc.name}'s process group" for pid in group_members(proc.pid)]
+    found += [f"pid {pid} under {plane.root}: {cmd}" for pid, cmd in processes_under(plane.root)]
+    return found
+
+
 def test_own_child_is_alive_whatever_proc_says(
     binaries: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -361,6 +382,7 @@ def test_own_child_is_alive_whatever_proc_says(
     finally:
         plane.stop()
     assert not plane.spawned[0].alive()
+    assert survivors(plane) == []
 
 
 def test_a_just_started_server_is_alive(binaries: Path, tmp_path: Path) -> None:
@@ -387,4 +409,61 @@ def test_a_just_started_server_is_alive(binaries: Path, tmp_path: Path) -> None:
             stop_processes([plane.processes[ETCD]])
     finally:
         stop_processes(plane.spawned)
-    assert not any(proc.alive() for proc in plane.spawned)
+    assert survivors(plane) == []
+
+
+def test_failed_start_retries_and_leaves_nothing_running(binaries: Path, tmp_path: Path) -> None:
+    """Each attempt: etcd runs, then kube-apiserver exits leaving a child that ignores SIGTERM
+    in its process group. The error names every attempt and quotes every log; nothing survives."""
+    fakes = fake_binaries(
+        tmp_path / "bin",
+        binaries,
+        kube_apiserver="trap '' TERM\nsleep 300 &\necho broken apiserver >&2\nexit 3\n",
+    )
+    plane = RecordingPlane(tmp_path / "plane", fakes, crd_dir=None, die_with_parent=True)
+    with pytest.raises(ControlPlaneError) as failed:
+        plane.start(attempts=2)
+    message = str(failed.value)
+    assert "2 of 2 attempts failed" in message
+    for attempt in (1, 2):
+        assert f"attempt {attempt}: kube-apiserver (pid" in message
+    assert message.count("ended (exit code 3)") == 2
+    assert message.count("broken apiserver") == 2
+    assert message.count(f"last lines of {plane.logs / 'etcd.log'}") == 2
+    assert [p.name for p in plane.spawned] == [ETCD, APISERVER] * 2
+    assert len({p.pid for p in plane.spawned}) == 4
+    assert plane.processes == {}
+    assert survivors(plane) == []
+
+
+def test_error_of_stop_never_hides_the_start_error(
+    binaries: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failing_stop(processes: Sequence[Process]) -> None:
+        stop_processes(processes)
+        raise ControlPlaneError("stop failed too")
+
+    monkeypatch.setattr(plane_module, "stop_processes", failing_stop)
+    fakes = fake_binaries(tmp_path / "bin", binaries, etcd=str(tmp_path / "missing"))
+    plane = RecordingPlane(tmp_path / "plane", fakes, crd_dir=None)
+    with pytest.raises(ControlPlaneError) as failed:
+        plane.start(attempts=3)
+    assert "attempt 1: cannot start etcd" in str(failed.value)
+    assert "1 of 3 attempts failed" in str(failed.value)  # survivors would hold ports: no retry
+    assert any("stop failed too" in note for note in failed.value.__notes__)
+
+
+def test_failed_controller_manager_leaves_no_server_running(binaries: Path, tmp_path: Path) -> None:
+    plane = RecordingPlane(
+        tmp_path,
+        binaries,
+        crd_dir=None,
+        die_with_parent=True,
+        extra_args={CONTROLLER_MANAGER: ["--no-such-flag"]},
+    )
+    with pytest.raises(ControlPlaneError) as failed:
+        plane.start(attempts=1)
+    assert "attempt 1: kube-controller-manager (pid" in str(failed.value)
+    assert "unknown flag: --no-such-flag" in str(failed.value)
+    assert [p.name for p in plane.spawned] == [ETCD, APISERVER, CONTROLLER_MANAGER]
+    assert survivors(plane) == []
