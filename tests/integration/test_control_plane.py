@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -313,6 +314,7 @@ def test_version_is_pinned(admin_client: client.ApiClient) -> None:
 
 # --- the plane's own lifecycle (issue 14): a start that never flakes, a stop that never leaks ---
 
+CYCLES = 10
 SPAWNS = 30
 
 
@@ -366,6 +368,12 @@ def survivors(plane: RecordingPlane) -> list[str]:
         found += [f"pid {pid} in {proc.name}'s process group" for pid in group_members(proc.pid)]
     found += [f"pid {pid} under {plane.root}: {cmd}" for pid, cmd in processes_under(plane.root)]
     return found
+
+
+def only_port_clashes(failed_attempts: list[str]) -> bool:
+    """start() retries any failure, so a stress test must look at why attempts failed: a port
+    that free_ports() chose and something else bound before the server is the one excusable."""
+    return all("address already in use" in failure for failure in failed_attempts)
 
 
 def test_own_child_is_alive_whatever_proc_says(
@@ -467,3 +475,39 @@ def test_failed_controller_manager_leaves_no_server_running(binaries: Path, tmp_
     assert "unknown flag: --no-such-flag" in str(failed.value)
     assert [p.name for p in plane.spawned] == [ETCD, APISERVER, CONTROLLER_MANAGER]
     assert survivors(plane) == []
+
+
+def test_start_stop_cycles_leave_nothing_running(binaries: Path, tmp_path: Path) -> None:
+    """Stress: back-to-back planes in one root (the same data dir, pids and ports recycling)."""
+    plane = RecordingPlane(tmp_path, binaries, die_with_parent=True)
+    for cycle in range(CYCLES):
+        try:
+            plane.start()
+            assert plane.running(), f"cycle {cycle}"
+        finally:
+            plane.stop()
+        assert survivors(plane) == [], f"cycle {cycle}"
+        assert only_port_clashes(plane.failed_attempts), f"cycle {cycle}"
+    assert len(plane.spawned) >= 3 * CYCLES
+
+
+def test_two_planes_at_once_leave_nothing_running(binaries: Path, tmp_path: Path) -> None:
+    """Stress: two planes starting concurrently (racing for ports), serving at once, stopped.
+
+    Started from pool threads that outlive the planes: die_with_parent's signal follows the
+    thread that spawned a server."""
+    planes = [
+        RecordingPlane(tmp_path / name, binaries, die_with_parent=True) for name in ("a", "b")
+    ]
+    with ThreadPoolExecutor(max_workers=len(planes)) as pool:
+        try:
+            for started in [pool.submit(plane.start) for plane in planes]:
+                started.result()
+            assert all(plane.running() for plane in planes)
+            assert len({plane.server for plane in planes}) == len(planes)
+        finally:
+            for plane in planes:
+                plane.stop()
+    for plane in planes:
+        assert survivors(plane) == []
+        assert only_port_clashes(plane.failed_attempts)
