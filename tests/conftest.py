@@ -105,13 +105,17 @@ def pytest_terminal_summary(
 
 
 @pytest.fixture(scope="session")
+def binaries() -> Path:
+    """The directory of etcd, kube-apiserver and kube-controller-manager (built once, cached)."""
+    return ensure_binaries()
+
+
+@pytest.fixture(scope="session")
 def control_plane(
-    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config, binaries: Path
 ) -> Iterator[ControlPlane]:
     """A fresh etcd + kube-apiserver + kube-controller-manager for this session."""
-    plane = ControlPlane(
-        tmp_path_factory.mktemp("control-plane"), ensure_binaries(), die_with_parent=True
-    )
+    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"), binaries, die_with_parent=True)
     plane.start()
     try:
         yield plane

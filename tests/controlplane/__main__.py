@@ -32,7 +32,11 @@ def _up(root: Path, kubeconfig: Path) -> int:
         print(f"export KUBECONFIG={kubeconfig}")
         return 0
     if existing is not None:
-        existing.stop()  # leftovers of a half-dead plane would hold ports and the data dir
+        try:  # leftovers of a half-dead plane would hold ports and the data dir
+            existing.stop()
+        except ControlPlaneError as exc:
+            print(f"cannot stop the previous control plane: {exc}", file=sys.stderr)
+            return 1
     started = time.monotonic()
     plane = ControlPlane(root, ensure_binaries())
     try:
@@ -55,7 +59,11 @@ def _down(root: Path) -> int:
     if plane is None or not plane.processes:
         print("not running")
         return 0
-    plane.stop()
+    try:
+        plane.stop()
+    except ControlPlaneError as exc:
+        print(f"control plane did not stop: {exc}", file=sys.stderr)
+        return 1
     print("stopped")
     return 0
 

@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import datetime as dt
 import fcntl
+import functools
 import ipaddress
 import json
 import os
@@ -21,10 +22,11 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -51,7 +53,9 @@ KCM_CONTROLLERS = ("namespace-controller", "garbage-collector-controller")
 STATE_FILE = "state.json"
 ADMIN_KUBECONFIG = "admin.kubeconfig"
 POLL_INTERVAL = 0.1
+STOP_POLL_INTERVAL = 0.02
 LOG_TAIL_LINES = 40
+FAILURE_TAIL_LINES = 20  # per log and attempt, in start()'s error
 
 
 class ControlPlaneError(RuntimeError):
@@ -266,30 +270,120 @@ def write_kubeconfig(path: Path, config: Mapping[str, Any]) -> Path:
 
 def free_port() -> int:
     """Ask the kernel for an unused loopback port (a small race remains; start() retries)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
-    """Ask Linux to SIGTERM the child if the test process dies, so no server outlives pytest."""
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
-    if os.getppid() != parent:
-        os._exit(1)
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct unused loopback ports: every socket stays bound until all are picked."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
-def _proc_exe_matches(pid: int, exe: str) -> bool:
-    """True if pid is alive, not a zombie, and still runs exe (guards against recycled pids)."""
+PR_SET_PDEATHSIG = 1
+
+
+@functools.cache
+def _prctl() -> Any:
+    """libc's prctl, looked up in the parent: a dlopen() in a child forked from a threaded
+    process can deadlock on a loader lock another thread held at fork time."""
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _die_with_parent_hook() -> Callable[[], None]:
+    """A preexec_fn asking Linux to SIGTERM the child when its parent dies, so no server
+    outlives pytest.
+
+    Linux sends the signal when the *thread* that forked the child exits, not the process: start
+    a plane with die_with_parent from a thread that outlives the plane (the main thread, or a
+    pool's worker that is still alive when stop() runs).
+    """
+    prctl = _prctl()
+    parent = os.getpid()
+
+    def hook() -> None:  # pragma: no cover - runs in the forked child
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before prctl: nobody would stop us
+            os._exit(1)
+
+    return hook
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of /proc/<pid>/stat that identify a process and say whether it runs."""
+
+    state: str
+    pgrp: int
+    start_ticks: int  # clock ticks after boot: with the pid, an identity that survives pid reuse
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """Parse /proc/<pid>/stat (None if there is no such process)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()  # the comm before it may hold spaces and parens
+    return ProcStat(state=fields[0], pgrp=int(fields[2]), start_ticks=int(fields[19]))
+
+
+def _is_recorded_process(pid: int, exe: str, start_ticks: int | None) -> bool:
+    """True if pid runs and is the process recorded in a state file (not a recycled pid).
+
+    Only for processes another Python process started: a child of ours is asked of waitid().
+    """
+    stat = proc_stat(pid)
+    if stat is None or stat.state in ("Z", "X"):
+        return False
+    if start_ticks is not None:
+        return stat.start_ticks == start_ticks
+    try:  # a state file from before start times were recorded: compare the executable
+        return os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)") == exe
     except OSError:
         return False
-    state = stat.rsplit(")", 1)[-1].split()[0]
-    return state not in ("Z", "X") and cmdline[0].decode(errors="replace") == exe
+
+
+def _pids() -> Iterator[int]:
+    return (int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
+
+
+def process_groups() -> dict[int, list[int]]:
+    """Pids of every live (not zombie) process, by process group id: one scan of /proc."""
+    groups: dict[int, list[int]] = {}
+    for pid in _pids():
+        stat = proc_stat(pid)
+        if stat is not None and stat.state not in ("Z", "X"):
+            groups.setdefault(stat.pgrp, []).append(pid)
+    return groups
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live (not zombie) processes in process group ``pgid``."""
+    return process_groups().get(pgid, [])
+
+
+def processes_under(root: Path) -> list[tuple[int, str]]:
+    """(pid, cmdline) of every process whose command line names a path inside root.
+
+    Every server of a plane does (--data-dir, --cert-dir, --kubeconfig): this finds leaks that
+    no pid records, e.g. after a state file was lost.
+    """
+    marker = f"{root.resolve()}/".encode()
+    found = []
+    for pid in _pids():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        stat = proc_stat(pid)
+        if marker in cmdline and stat is not None and stat.state not in ("Z", "X"):
+            found.append((pid, cmdline.replace(b"\0", b" ").decode(errors="replace")))
+    return found
 
 
 def peak_rss_kib(pid: int) -> int | None:
@@ -314,45 +408,113 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 @dataclass
 class Process:
-    """One started binary: its pid, the exe it must still be running, and its log."""
+    """One started binary: its pid (also its process group: it leads its own session), the exe,
+    its start time (the pid's identity for another process reading the state file), its log."""
 
     name: str
     exe: str
     pid: int
     log: Path
+    start_ticks: int | None = None
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
     def alive(self) -> bool:
-        """Reap our own children first, so a dead child is not mistaken for a live zombie."""
-        if self.popen is not None and self.popen.poll() is not None:
+        """True while the process runs.
+
+        A child of ours is asked of the kernel with waitid(WNOWAIT): authoritative at any moment,
+        and it leaves an exited child unreaped, so its pid and process group id cannot be reused
+        before reap() (signal() relies on that). Never /proc/<pid>/cmdline: between the exec()
+        that Popen waits for and the kernel filling in the new argv, it reads empty (issue 14).
+        A process recorded by another Python process is matched by pid and start time in /proc.
+        """
+        if self.popen is None:
+            return _is_recorded_process(self.pid, self.exe, self.start_ticks)
+        if self.popen.returncode is not None:
             return False
-        return _proc_exe_matches(self.pid, self.exe)
+        try:
+            exited = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped behind Popen's back: it is gone
+            return self.popen.poll() is None
+        return exited is None
+
+    def exit_reason(self) -> str:
+        """How a child of ours ended ("exit code 1", "killed by SIGKILL"), without reaping it."""
+        if self.popen is None:
+            return "exited"
+        if self.popen.returncode is not None:
+            code = self.popen.returncode
+            return f"exit code {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return "exited"
+        if info is None:
+            return "running"
+        if info.si_code == os.CLD_EXITED:
+            return f"exit code {info.si_status}"
+        return f"killed by {signal.Signals(info.si_status).name}"
 
     def signal(self, sig: signal.Signals) -> None:
-        """Signal the process only if it is still ours."""
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
+        """Signal the whole process group, as long as its id is still ours.
+
+        A child of ours: until reap() it is ours even when exited (a zombie leader keeps the
+        group id reserved), so stragglers of its group are reached too. A recorded process: only
+        while pid and start time still match.
+        """
+        if not self.owns_group():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, sig)
+
+    def exited(self) -> bool:
+        """Not alive()."""
+        return not self.alive()
+
+    def owns_group(self) -> bool:
+        """True while the process group id ``pid`` is this process's (see signal())."""
+        return self.popen.returncode is None if self.popen is not None else self.alive()
+
+    def reap(self) -> None:
+        """Collect an exited child's status (only then is its pid free for reuse)."""
+        if self.popen is not None and self.popen.returncode is None and not self.alive():
+            self.popen.wait()
 
 
-def stop_processes(processes: Sequence[Process], timeout: float = 15.0) -> None:
-    """SIGTERM in the given order, then SIGKILL whatever is left after the deadline."""
-    for proc in processes:
-        proc.signal(signal.SIGTERM)
-        _wait_gone(proc, timeout)
+def stop_processes(
+    processes: Sequence[Process], timeout: float = 15.0, kill_timeout: float = 5.0
+) -> None:
+    """SIGTERM each process group in the given order, waiting up to ``timeout`` for each; then
+    SIGKILL every group (also one whose leader exited: stragglers die with it), wait until no
+    member is left, and reap.
+
+    Raises ControlPlaneError only if something survives SIGKILL for ``kill_timeout`` seconds.
+    """
     for proc in processes:
         if proc.alive():
-            proc.signal(signal.SIGKILL)
-            _wait_gone(proc, 5.0)
-    left = [f"{p.name} (pid {p.pid})" for p in processes if p.alive()]
-    if left:
-        raise ControlPlaneError(f"still running after SIGKILL: {', '.join(left)}")
+            proc.signal(signal.SIGTERM)
+            _wait_until(proc.exited, time.monotonic() + timeout)
+    ours = [proc for proc in processes if proc.owns_group()]
+    for proc in ours:
+        proc.signal(signal.SIGKILL)
+
+    def left() -> list[str]:
+        groups = process_groups()
+        return [f"{p.name} group {p.pid}: pid {pid}" for p in ours for pid in groups.get(p.pid, [])]
+
+    # Wait before reap(): until then no unrelated process can be given a group id of ours.
+    _wait_until(lambda: not left(), time.monotonic() + kill_timeout)
+    survivors = left()
+    for proc in processes:
+        proc.reap()
+    if survivors:
+        raise ControlPlaneError(f"still running after SIGKILL: {', '.join(survivors)}")
 
 
-def _wait_gone(proc: Process, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while proc.alive() and time.monotonic() < deadline:
-        time.sleep(POLL_INTERVAL)
+def _wait_until(done: Callable[[], bool], deadline: float) -> None:
+    interval = 0.001  # most processes exit within milliseconds of a signal: poll fast at first
+    while not done() and time.monotonic() < deadline:
+        time.sleep(interval)
+        interval = min(interval * 2, STOP_POLL_INTERVAL)
 
 
 # --- the control plane --------------------------------------------------------------------------
@@ -373,13 +535,16 @@ class ControlPlane:
         crd_dir: Path | None = DEFAULT_CRD_DIR,
         start_timeout: float = 120.0,
         die_with_parent: bool = False,
+        extra_args: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.root = root.resolve()
         self.binaries = binaries
         self.crd_dir = crd_dir
         self.start_timeout = start_timeout
         self.die_with_parent = die_with_parent
+        self.extra_args = {name: list(args) for name, args in (extra_args or {}).items()}
         self.processes: dict[str, Process] = {}
+        self.failed_attempts: list[str] = []  # of the last start(), each with its logs' tails
         self.server = ""
         self.etcd_url = ""
         self.kcm_url = ""
@@ -409,23 +574,56 @@ class ControlPlane:
     def start(self, attempts: int = 3) -> None:
         """Start all three processes and return once the API is ready and CRDs are Established.
 
-        Retries with fresh ports when a port picked by free_port() was taken in the meantime.
+        Any failure stops everything this attempt started and retries from scratch (fresh
+        ports, PKI and data dir), up to ``attempts`` times; the final ControlPlaneError carries
+        every attempt's reason and the last lines of every log. An interrupt stops and re-raises.
         """
+        failures = self.failed_attempts = []
         for attempt in range(1, attempts + 1):
             try:
                 self._start_once()
                 return
-            except ControlPlaneError as exc:
-                self.stop()
-                if "address already in use" not in str(exc) or attempt == attempts:
-                    raise
-            except BaseException:
-                self.stop()  # e.g. Ctrl-C: detached processes would otherwise outlive us
+            except Exception as exc:
+                failures.append(self._failure_report(attempt, exc))
+                stop_error = self._stop_quietly()
+                if stop_error is None and attempt < attempts:
+                    first_line = failures[-1].splitlines()[0]
+                    print(f"control plane: retrying after {first_line}", file=sys.stderr)
+                    continue
+                error = ControlPlaneError(
+                    f"control plane under {self.root} did not start "
+                    f"({len(failures)} of {attempts} attempts failed):\n\n" + "\n\n".join(failures)
+                )
+                if stop_error is not None:  # what survived holds ports and the data dir
+                    error.add_note(f"stopping after the failed start also failed: {stop_error!r}")
+                raise error from exc
+            except BaseException as exc:
+                if (stop_error := self._stop_quietly()) is not None:
+                    exc.add_note(f"stopping after the interrupted start failed: {stop_error!r}")
                 raise
+
+    def _failure_report(self, attempt: int, exc: Exception) -> str:
+        reason = str(exc) if isinstance(exc, ControlPlaneError) else repr(exc)
+        lines = [f"attempt {attempt}: {reason}"]
+        for name in PROCESS_NAMES:
+            log = self.logs / f"{name}.log"
+            if log.exists():
+                text = tail(log, FAILURE_TAIL_LINES) or "(empty)"
+                lines.append(f"--- last lines of {log}:\n{text}")
+        return "\n".join(lines)
+
+    def _stop_quietly(self) -> Exception | None:
+        """stop() after a failed start, returning its error instead of raising it over the
+        start's (a stop that raises during an except block would replace the real reason)."""
+        try:
+            self.stop()
+        except Exception as exc:
+            return exc
+        return None
 
     def _start_once(self) -> None:
         self._clean()
-        etcd_port, peer_port, api_port, kcm_port = (free_port() for _ in range(4))
+        etcd_port, peer_port, api_port, kcm_port = free_ports(4)
         self.etcd_url = f"http://127.0.0.1:{etcd_port}"
         self.server = f"https://127.0.0.1:{api_port}"
         self.kcm_url = f"https://127.0.0.1:{kcm_port}"
@@ -495,16 +693,19 @@ class ControlPlane:
             self.apply_crds(sorted(self.crd_dir.glob("*.y*ml")))
 
     def stop(self) -> None:
-        """Stop controller-manager, apiserver, etcd (in that order); nothing is left running."""
+        """Stop controller-manager, apiserver, etcd (in that order); nothing is left running.
+
+        Each process group gets SIGTERM and a bounded wait, then every group gets SIGKILL and is
+        reaped. Raises ControlPlaneError only if a process survives SIGKILL; it stays recorded
+        in state.json so that a later ``down`` can try again.
+        """
         order = [self.processes[n] for n in reversed(PROCESS_NAMES) if n in self.processes]
         try:
             stop_processes(order)
         finally:
-            for proc in order:
-                if proc.popen is not None:
-                    proc.popen.wait(timeout=1)
-            self.processes.clear()
-            self._write_state()
+            self.processes = {n: p for n, p in self.processes.items() if p.alive()}
+            with contextlib.suppress(OSError):  # root may be gone already: nothing to record
+                self._write_state()
 
     def running(self) -> bool:
         """True if every recorded process is alive and the API server answers /readyz."""
@@ -563,7 +764,13 @@ class ControlPlane:
         plane.etcd_url = state.get("etcd", "")
         plane.kcm_url = state.get("controller_manager", "")
         for name, info in state.get("processes", {}).items():
-            plane.processes[name] = Process(name, info["exe"], int(info["pid"]), Path(info["log"]))
+            plane.processes[name] = Process(
+                name,
+                info["exe"],
+                int(info["pid"]),
+                Path(info["log"]),
+                start_ticks=info.get("start_ticks"),
+            )
         return plane
 
     def _write_state(self) -> None:
@@ -574,7 +781,7 @@ class ControlPlane:
             "controller_manager": self.kcm_url,
             "kubeconfig": str(self.kubeconfig),
             "processes": {
-                name: {"pid": p.pid, "exe": p.exe, "log": str(p.log)}
+                name: {"pid": p.pid, "exe": p.exe, "log": str(p.log), "start_ticks": p.start_ticks}
                 for name, p in self.processes.items()
             },
         }
@@ -588,6 +795,8 @@ class ControlPlane:
         self.root.mkdir(parents=True, exist_ok=True)
         for name in ("pki", "etcd-data", "logs"):
             shutil.rmtree(self.root / name, ignore_errors=True)
+            if (self.root / name).exists():
+                raise ControlPlaneError(f"cannot remove {self.root / name} for a fresh start")
         for name in (ADMIN_KUBECONFIG, STATE_FILE):
             (self.root / name).unlink(missing_ok=True)
         self.logs.mkdir()
@@ -618,39 +827,46 @@ class ControlPlane:
         )
 
     def _spawn(self, name: str, args: list[str]) -> None:
+        """Start one server in its own session (so stop() can kill its whole process group)."""
         exe = str(self.binaries / name)
         log = self.logs / f"{name}.log"
         with log.open("ab") as out:
-            popen = subprocess.Popen(
-                [exe, *args],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self.root,
-                start_new_session=True,
-                preexec_fn=_die_with_parent if self.die_with_parent else None,
-            )
-        self.processes[name] = Process(name, exe, popen.pid, log, popen)
+            try:
+                popen = subprocess.Popen(
+                    [exe, *args, *self.extra_args.get(name, [])],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.root,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent_hook() if self.die_with_parent else None,
+                )
+            except OSError as exc:
+                raise ControlPlaneError(f"cannot start {name} ({exe}): {exc}") from exc
+        stat = proc_stat(popen.pid)  # our unreaped child: its /proc entry exists even if it died
+        start_ticks = None if stat is None else stat.start_ticks
+        self.processes[name] = Process(name, exe, popen.pid, log, start_ticks, popen)
 
     def _wait_for(self, name: str, url: str, *, tls: bool) -> None:
-        """Poll a health URL until it is healthy, failing fast (with logs) if a process exits."""
+        """Poll a health URL until it is healthy, failing fast if a process exits.
+
+        Logs are not quoted here: start() reports the last lines of every log.
+        """
         deadline = time.monotonic() + self.start_timeout
         last = "no answer yet"
         while time.monotonic() < deadline:
             for proc in self.processes.values():
                 if not proc.alive():
                     raise ControlPlaneError(
-                        f"{proc.name} exited while waiting for {name} ({url}); "
-                        f"last lines of {proc.log}:\n{tail(proc.log)}"
+                        f"{proc.name} (pid {proc.pid}) ended ({proc.exit_reason()}) "
+                        f"while waiting for {name} ({url})"
                     )
             healthy, last = self._probe(url, tls=tls)
             if healthy:
                 return
             time.sleep(POLL_INTERVAL)
-        log = self.processes[name].log
         raise ControlPlaneError(
-            f"{name} not ready at {url} after {self.start_timeout:.0f}s (last: {last}); "
-            f"last lines of {log}:\n{tail(log)}"
+            f"{name} not ready at {url} after {self.start_timeout:.0f}s (last: {last})"
         )
 
     def _ssl_context(self) -> ssl.SSLContext:
@@ -728,6 +944,8 @@ __all__ = [
     "describe",
     "ensure_binaries",
     "kubeconfig_dict",
+    "proc_stat",
+    "processes_under",
     "read_versions",
     "write_kubeconfig",
 ]
