@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import e2e, hotpath
+from benchmarks import e2e, failover, hotpath
 from benchmarks.common import RESULTS
 from benchmarks.harness import control_plane
 from projector.kube import Kube
@@ -29,6 +29,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "latency": (300, 20.0),
         "burst": (1_000, 100),
         "world": (1_000, 1_000, 10, 10_000),
+        "failover": (3, ("defaults (15 s lease)", "5 s lease")),
     },
     "quick": {
         "hot": (10, 1_000),
@@ -38,6 +39,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "latency": (100, 20.0),
         "burst": (1_000, 100),
         "world": (100, 100, 10, 1_000),
+        "failover": (1, ("5 s lease",)),
     },
     "tiny": {
         "hot": (10,),
@@ -47,6 +49,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "latency": (3, 20.0),
         "burst": (20, 3),
         "world": (4, 4, 2, 10),
+        "failover": (1, ("2 s lease",)),
     },
 }
 
@@ -82,6 +85,9 @@ async def run_e2e(
         if "burst" in only:
             n_updates, n_copies = size["burst"]
             paths.append(await e2e.burst(kube, kubeconfig, work, n_updates, n_copies, out=out))
+        if "failover" in only:
+            runs, leases = size["failover"]
+            paths.append(await failover.failover(kube, kubeconfig, work, runs, leases, out=out))
         if "restart" in only:
             g, ns, per, unrelated = size["world"]
             paths.extend(
@@ -96,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks")
     p.add_argument("size", nargs="?", default="quick", choices=sorted(SIZES))
     p.add_argument("--out", type=Path, default=RESULTS)
-    p.add_argument("--only", default="hotpath,fanout,latency,burst,restart")
+    p.add_argument("--only", default="hotpath,fanout,latency,burst,failover,restart")
     p.add_argument(
         "--kubeconfig",
         type=Path,

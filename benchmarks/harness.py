@@ -212,8 +212,17 @@ async def settle(c: ControllerProcess, within: float = 600.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def controller(kubeconfig: Path, log: Path, *extra: str) -> AsyncIterator[ControllerProcess]:
-    c = launch(kubeconfig, log, "--log-level=warning", *extra, python=controller_python())
+async def controller(
+    kubeconfig: Path, log: Path, *extra: str, leader_elect: bool = False
+) -> AsyncIterator[ControllerProcess]:
+    c = launch(
+        kubeconfig,
+        log,
+        "--log-level=warning",
+        *extra,
+        python=controller_python(),
+        leader_elect=leader_elect,
+    )
     try:
         await wait_ready(c)
         yield c

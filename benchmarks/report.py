@@ -221,7 +221,16 @@ def targets(docs: dict[str, Any]) -> list[str]:
             f"{v(_get(docs, 'memory', 'projector', 'cpu_during_unrelated'), 's')} CPU for "
             f"{docs.get('memory', {}).get('parameters', {}).get('unrelated_secrets', '?')}",
         ),
-        ("leader failover", "<= lease + 2 s / <= 3 s", "n/a: leader election not built yet"),
+        (
+            "leader failover (kill -9 / SIGTERM)",
+            "<= lease + 2 s / <= 3 s",
+            "; ".join(
+                f"{lease}: {v(_get(docs, 'failover', 'projector', f'kill -9, {lease}'), 'ms')}"
+                f" / {v(_get(docs, 'failover', 'projector', f'SIGTERM, {lease}'), 'ms')}"
+                for lease in docs.get("failover", {}).get("parameters", {}).get("leases", {})
+            )
+            or "n/a",
+        ),
         (
             "hot path: plan one (grant, namespace)",
             "<= 25 us",

@@ -22,6 +22,7 @@ from projector.controller import Controller
 from projector.errors import ProjectorError
 from projector.informer import Informer
 from projector.kube import Kube
+from projector.leader import Elector
 from projector.queue import WorkQueue
 from projector.recorder import Recorder
 from projector.store import Store
@@ -31,8 +32,8 @@ from projector.writer import Writer
 log = structlog.get_logger("projector")
 
 
-class Fatal(ProjectorError):
-    """A condition the controller cannot run under; the process exits non-zero."""
+DRAIN_SECONDS = 5.0
+"""On SIGTERM, how long reconciles under way may take to finish (a replace is never cut)."""
 
 
 async def run(
@@ -45,18 +46,30 @@ async def run(
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    if cfg.leader_elect:
-        raise Fatal("--leader-elect is not available yet; run one replica with --no-leader-elect")
     kube = await Kube.connect(
-        cfg.kubeconfig, qps=cfg.qps, burst=cfg.burst, on_request=metrics.on_request
+        cfg.kubeconfig, qps=cfg.qps, burst=cfg.burst, on_request=metrics.on_request, identity=cfg.id
     )
+    elector: Elector | None = None
+    lease_api: Kube | None = None
+    if cfg.leader_elect:  # its own session, outside the write rate limit: renewals never queue
+        lease_api = await Kube.connect(
+            cfg.kubeconfig, on_request=metrics.on_request, identity=cfg.id
+        )
+        elector = Elector(
+            lease_api, namespace=cfg.namespace, identity=cfg.id, metrics=metrics, timings=cfg.lease
+        )
     store = Store(kube)
     informers = [Informer(kube, c, on_event=metrics.on_informer_event) for c in store.caches]
     queue: WorkQueue[str] = WorkQueue(
         debounce=cfg.debounce, debounce_max=cfg.debounce_max, on_event=metrics.on_queue_event
     )
     metrics.bind_queue(queue)
-    writer = Writer(kube, metrics=metrics, concurrency=cfg.write_concurrency)
+    writer = Writer(
+        kube,
+        metrics=metrics,
+        concurrency=cfg.write_concurrency,
+        fence=elector.check if elector is not None else None,
+    )
     controller = Controller(
         store,
         config=cfg,
@@ -69,37 +82,51 @@ async def run(
     tasks: list[asyncio.Task[None]] = []
 
     def alive() -> bool:
-        """Every informer and the workers still run (a blocked loop cannot answer at all)."""
+        """Every informer, the elector and the workers still run (a blocked loop cannot answer)."""
         return all(not t.done() for t in tasks)
 
     runner = web.AppRunner(http_app(metrics, alive=alive, ready=store.synced), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, cfg.http_host, cfg.http_port)
     await site.start()
-    log.info("started", http=site.name, id=cfg.id, workers=cfg.workers)
+    log.info("started", http=site.name, id=cfg.id, workers=cfg.workers, leader_elect=bool(elector))
+    workers: list[asyncio.Task[None]] = []
 
     async def serve() -> None:
         async with asyncio.TaskGroup() as tg:
             tasks.extend(tg.create_task(i.run(), name=f"informer-{i.name}") for i in informers)
+            if elector is not None:
+                tasks.append(tg.create_task(elector.run(), name="elector"))
             await asyncio.gather(*(c.synced.wait() for c in store.caches))
             log.info("caches synced", **{c.spec.kind.value: len(c) for c in store.caches})
-            metrics.leader.set(1)  # the seam for leader election: workers start only when leading
-            tasks.append(tg.create_task(controller.run(), name="workers"))
+            if elector is not None:
+                await elector.leading.wait()  # a hot standby: synced, ready, and waiting
+            else:
+                metrics.leading(True)
+            controller.resync()
+            workers.append(tg.create_task(controller.run(), name="workers"))
+            tasks.append(workers[0])
 
     task = asyncio.create_task(serve(), name="controller")
     stopper = asyncio.create_task(stop.wait(), name="stop")
     try:
         await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        queue.shut_down()
+        controller.stop()
+        if workers and not task.done():
+            await asyncio.wait(workers, timeout=DRAIN_SECONDS)
         for t in (task, stopper):
             t.cancel()
         for t in (task, stopper):
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        if elector is not None:
+            await elector.release()
+        if lease_api is not None:
+            await lease_api.close()
         await runner.cleanup()
         await kube.close()
-        metrics.leader.set(0)
+        metrics.leading(False)
         log.info("stopped")
     if task.done() and not task.cancelled() and (err := task.exception()) is not None:
         while isinstance(err, BaseExceptionGroup):  # TaskGroup wraps: report the first cause

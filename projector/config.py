@@ -6,7 +6,23 @@ import argparse
 import os
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Leader election's clock, client-go's defaults: lease 15 s, renew deadline 10 s, retry 2 s."""
+
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ValueError(
+                "need 0 < retry period < renew deadline < lease duration, got "
+                f"{self.retry_period:g} s, {self.renew_deadline:g} s, {self.lease_duration:g} s"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,6 +31,8 @@ class Config:
 
     kubeconfig: str | None = None
     """Path to a kubeconfig; None: in-cluster config, then $KUBECONFIG."""
+    namespace: str = "projector-system"
+    """The controller's own namespace: its leader-election Lease lives here."""
     http_port: int = 8080
     """One port for /metrics, /healthz and /readyz; 0 picks a free one."""
     http_host: str = "0.0.0.0"
@@ -29,9 +47,11 @@ class Config:
     qps: float = 200.0
     """Client-side request rate limit; 0 disables."""
     burst: int = 400
-    leader_elect: bool = False
+    leader_elect: bool = True
+    """Only the holder of the Lease writes, so two replicas can never both write by accident."""
     id: str = ""
-    """This replica's identity in the Lease; default hostname."""
+    """This replica's identity in the Lease and in its User-Agent; default hostname (the pod)."""
+    lease: Timings = field(default_factory=Timings)
     log_level: str = "info"
     conflict_recheck: float = 60.0
     """How often a grant with conflicts looks again (the blocking object is not cached)."""
@@ -41,11 +61,20 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(f"PROJECTOR_{name}", default)
 
 
+def seconds(text: str) -> float:
+    """A duration as the Kubernetes tools write it: `15s`, `500ms`, `1m`, or bare seconds."""
+    for suffix, scale in (("ms", 0.001), ("s", 1.0), ("m", 60.0)):
+        if text.endswith(suffix):
+            return float(text.removesuffix(suffix)) * scale
+    return float(text)
+
+
 def parse(argv: Sequence[str] | None = None) -> Config:
     """Parse `projector run` flags; each flag also reads PROJECTOR_<FLAG> from the environment."""
     d = Config()
     p = argparse.ArgumentParser(prog="projector run", description="Run the projector controller.")
     p.add_argument("--kubeconfig", default=os.environ.get("PROJECTOR_KUBECONFIG") or None)
+    p.add_argument("--namespace", default=_env("NAMESPACE", d.namespace))
     p.add_argument("--http-port", type=int, default=int(_env("HTTP_PORT", str(d.http_port))))
     p.add_argument("--http-host", default=_env("HTTP_HOST", d.http_host))
     p.add_argument("--workers", type=int, default=int(_env("WORKERS", str(d.workers))))
@@ -71,8 +100,15 @@ def parse(argv: Sequence[str] | None = None) -> Config:
     p.add_argument(
         "--leader-elect",
         action=argparse.BooleanOptionalAction,
-        default=_env("LEADER_ELECT", "false").lower() in ("1", "true", "yes"),
+        default=_env("LEADER_ELECT", "true").lower() in ("1", "true", "yes"),
     )
+    for flag, default in (
+        ("lease-duration", d.lease.lease_duration),
+        ("renew-deadline", d.lease.renew_deadline),
+        ("retry-period", d.lease.retry_period),
+    ):
+        env = _env(flag.upper().replace("-", "_"), f"{default:g}s")
+        p.add_argument(f"--{flag}", type=seconds, default=seconds(env), help="e.g. 15s")
     p.add_argument("--id", default=_env("ID", "") or socket.gethostname())
     p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level))
     a = p.parse_args(argv)
@@ -80,8 +116,15 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         p.error("--workers and --write-concurrency must be at least 1")
     if a.debounce < 0 or a.debounce_max < a.debounce:
         p.error("need 0 <= --debounce <= --debounce-max")
+    if not a.id:
+        p.error("--id must not be empty")
+    try:
+        lease = Timings(a.lease_duration, a.renew_deadline, a.retry_period)
+    except ValueError as e:
+        p.error(str(e))
     return Config(
         kubeconfig=a.kubeconfig,
+        namespace=a.namespace,
         http_port=a.http_port,
         http_host=a.http_host,
         workers=a.workers,
@@ -92,5 +135,6 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         burst=a.burst,
         leader_elect=a.leader_elect,
         id=a.id,
+        lease=lease,
         log_level=a.log_level,
     )

@@ -23,6 +23,7 @@ from opentelemetry import trace
 
 from projector import reconcile, status
 from projector.config import Config
+from projector.errors import Fenced
 from projector.model import GrantRecord
 from projector.queue import QueueShutDown, WorkQueue
 from projector.recorder import Recorder, timestamp
@@ -58,6 +59,7 @@ class Controller:
         self.writer = writer
         self.recorder = recorder
         self.tracer = tracer or trace.get_tracer("projector")
+        self._stopping = False
         store.listen(self._enqueue)
 
     def _enqueue(self, kind: Kind, names: Iterable[str]) -> None:
@@ -72,8 +74,17 @@ class Controller:
         for name in names:
             add(name)
 
+    def resync(self) -> None:
+        """Queue every cached grant once (a new leader's caches are warm, its queue is not)."""
+        self._enqueue(Kind.GRANT, self.store.grant_names())
+
+    def stop(self) -> None:
+        """Take no new work; reconciles under way finish (`run` returns once they have)."""
+        self._stopping = True
+        self.queue.shut_down()
+
     async def run(self) -> None:
-        """Run `config.workers` workers until the queue shuts down or they are cancelled."""
+        """Run `config.workers` workers until `stop()` or cancellation."""
         async with asyncio.TaskGroup() as tg:
             for i in range(self.config.workers):
                 tg.create_task(self._worker(), name=f"worker-{i}")
@@ -84,8 +95,14 @@ class Controller:
                 name = await self.queue.get()
             except QueueShutDown:
                 return
+            if self._stopping:
+                self.queue.done(name)
+                return
             try:
                 result = await self.reconcile(name)
+            except Fenced:  # the lease ran out: the elector ends the process
+                log.warning("write refused: this replica no longer holds the lease", grant=name)
+                result = Result.ERROR
             except Exception:
                 log.exception("reconcile crashed", grant=name)
                 result = Result.ERROR

@@ -2,6 +2,7 @@
 
     ProjectorError
     ├── InvalidGrant              a grant that cannot be acted on as written (terminal)
+    ├── Fenced                    a write refused because this replica holds no valid lease
     └── ApiError(status, reason)  the API server answered with an error status
         ├── NotFound              404
         ├── Conflict              409 (stale resourceVersion, or AlreadyExists)
@@ -29,6 +30,10 @@ class InvalidGrant(ProjectorError):
         super().__init__(f"grant {grant}: {why}")
         self.grant = grant
         self.why = why
+
+
+class Fenced(ProjectorError):
+    """A write refused before it was sent: this replica holds no valid lease right now."""
 
 
 class ApiError(ProjectorError):

@@ -20,6 +20,7 @@ import httpx
 import kr8s
 import kr8s.asyncio
 
+from projector import __version__
 from projector.api import Obj, Resource
 from projector.errors import ApiError, ProjectorError, ServerError, api_error
 from projector.model import FIELD_MANAGER
@@ -68,11 +69,14 @@ class Kube:
         burst: int = 100,
         timeout: float = 30.0,
         on_request: RequestHook | None = None,
+        identity: str = "",
     ) -> None:
         self._api = api
         self._limit = TokenBucket(qps, burst)
         self._timeout = timeout
         self._on_request = on_request
+        self._user_agent = f"projector/{__version__} ({identity})" if identity else "projector"
+        """Names the replica in the API server's audit log: who wrote what, after which lease."""
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None, **kw: Any) -> Kube:
@@ -118,7 +122,11 @@ class Kube:
     ) -> Obj:
         await self._limit.acquire()
         kwargs: dict[str, Any] = {
-            "headers": {"Content-Type": content_type, "Accept": accept},
+            "headers": {
+                "Content-Type": content_type,
+                "Accept": accept,
+                "User-Agent": self._user_agent,
+            },
             "timeout": self._timeout,
         }
         if params:
@@ -199,6 +207,7 @@ class Kube:
                 url=res.url(),
                 params=params,
                 stream=True,
+                headers={"User-Agent": self._user_agent},
                 timeout=timeout,
             ) as response:
                 self._record("WATCH", res, response.status_code)

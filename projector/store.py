@@ -171,6 +171,10 @@ class Store:
         """Tell `listener` which grant names each later change affects."""
         self._listener = listener
 
+    def grant_names(self) -> list[str]:
+        """Every cached grant name, valid or not."""
+        return list(self.grants)
+
     def synced(self) -> bool:
         """Every cache has been filled at least once."""
         return all(c.synced.is_set() for c in self.caches)

@@ -113,6 +113,17 @@ class Metrics:
         self.leader_transitions = Counter(
             "projector_leader_transitions_total", "Times this replica became leader.", registry=r
         )
+        self.lease_renew = Histogram(
+            "projector_lease_renew_seconds",
+            "Time of one successful Lease renewal (read and write).",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.lease_renew_failures = Counter(
+            "projector_lease_renew_failures_total",
+            "Lease renewals that failed (a leader that fails until its deadline exits).",
+            registry=r,
+        )
         self.informer_events = Counter(
             "projector_informer_events_total",
             "Informer events by kind and type.",
@@ -185,6 +196,20 @@ class Metrics:
         if ready is not None:
             self._ready[name] = ready
             self.grants.labels(_ready(ready)).inc()
+
+    def leading(self, leading: bool) -> None:
+        """This replica became leader (counted as a transition) or stopped being one."""
+        self.leader.set(1 if leading else 0)
+        if leading:
+            self.leader_transitions.inc()
+
+    def lease_renewed(self, seconds: float) -> None:
+        """A renewal of the Lease succeeded."""
+        self.lease_renew.observe(seconds)
+
+    def lease_renew_failed(self) -> None:
+        """A renewal of the Lease failed (the leader keeps trying until its deadline)."""
+        self.lease_renew_failures.inc()
 
     def reconciled(self, result: Result) -> None:
         """One reconcile ended with `result`."""

@@ -84,15 +84,23 @@ class Writer:
         concurrency: int = 32,
         attempts: int = 4,
         backoff: tuple[float, float] = (0.05, 2.0),
+        fence: Callable[[], None] | None = None,
     ) -> None:
         self._api = api
+        self._fence = fence
         self._metrics = metrics
         self._slots = asyncio.Semaphore(concurrency)
         self._attempts = attempts
         self._backoff = backoff
 
     async def _send(self, write: Callable[[Api], Awaitable[R]]) -> R:
-        """The choke point: every write passes here, and nowhere else."""
+        """The choke point: every write passes here, and nowhere else.
+
+        The fence (`leader.Elector.check`) is asked right before each request is sent, so a
+        replica whose lease has run out raises `Fenced` instead of writing.
+        """
+        if self._fence is not None:
+            self._fence()
         return await write(self._api)
 
     # --- copies ---------------------------------------------------------------------------------

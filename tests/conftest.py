@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from tests.controlplane.plane import ControlPlane, ensure_binaries
+from tests.controlplane.plane import APISERVER, ControlPlane, ensure_binaries
 from tests.support import (
     NamespaceFactory,
     ServiceAccountKubeconfigFactory,
@@ -110,12 +110,41 @@ def binaries() -> Path:
     return ensure_binaries()
 
 
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    verbs: [create, update, patch, delete, deletecollection]
+  - level: None
+"""
+"""Every write, with who sent it (user, User-Agent) and when: the API side of fencing tests."""
+
+
+@pytest.fixture(scope="session")
+def audit_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the session's API server writes its audit log (JSON lines, writes only)."""
+    return tmp_path_factory.mktemp("audit") / "audit.log"
+
+
 @pytest.fixture(scope="session")
 def control_plane(
-    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config, binaries: Path
+    tmp_path_factory: pytest.TempPathFactory,
+    pytestconfig: pytest.Config,
+    binaries: Path,
+    audit_log: Path,
 ) -> Iterator[ControlPlane]:
     """A fresh etcd + kube-apiserver + kube-controller-manager for this session."""
-    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"), binaries, die_with_parent=True)
+    policy = audit_log.with_name("policy.yaml")
+    policy.write_text(AUDIT_POLICY)
+    audit = [f"--audit-policy-file={policy}", f"--audit-log-path={audit_log}"]
+    plane = ControlPlane(
+        tmp_path_factory.mktemp("control-plane"),
+        binaries,
+        die_with_parent=True,
+        extra_args={APISERVER: audit},
+    )
     plane.start()
     try:
         yield plane

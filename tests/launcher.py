@@ -35,6 +35,8 @@ class ControllerProcess:
     log: Path
     started: float
     """time.monotonic() just before the process was spawned."""
+    stopped: bool = False
+    """stop() was called: how the process ended is the caller's to check."""
 
     def get(self, path: str) -> tuple[int, str]:
         """GET a path of its HTTP port: (status, body); (0, "") if nothing answers."""
@@ -101,6 +103,7 @@ class ControllerProcess:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
         """Signal it and wait; kill it if it does not exit in time. Returns the exit code."""
+        self.stopped = True
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
@@ -112,9 +115,16 @@ class ControllerProcess:
 
 
 def launch(
-    kubeconfig: Path, log: Path, *extra: str, python: str = sys.executable
+    kubeconfig: Path,
+    log: Path,
+    *extra: str,
+    python: str = sys.executable,
+    leader_elect: bool = False,
 ) -> ControllerProcess:
-    """Start `projector run` against `kubeconfig` on a free loopback port, logging to `log`."""
+    """Start `projector run` against `kubeconfig` on a free loopback port, logging to `log`.
+
+    One replica runs with `--no-leader-elect` unless `leader_elect` (then it is one of several).
+    """
     port = free_port()
     args = [
         python,
@@ -124,7 +134,7 @@ def launch(
         f"--kubeconfig={kubeconfig}",
         f"--http-port={port}",
         "--http-host=127.0.0.1",
-        "--no-leader-elect",
+        *([] if leader_elect else ["--no-leader-elect"]),
         *extra,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}

@@ -11,7 +11,7 @@ from pathlib import Path
 from tests.controlplane.plane import ControlPlane
 from tests.launcher import REPO
 
-EXPECTED = {"hotpath", "fanout-5", "latency", "burst", "restart", "memory"}
+EXPECTED = {"hotpath", "fanout-5", "latency", "burst", "failover", "restart", "memory"}
 
 
 def test_benchmarks_run_at_tiny_sizes(control_plane: ControlPlane, tmp_path: Path) -> None:

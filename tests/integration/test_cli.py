@@ -34,6 +34,9 @@ def test_bad_flags_are_refused() -> None:
     assert run("run", "--workers=0").returncode == 2
     assert run("run", "--debounce=1", "--debounce-max=0.5").returncode == 2
     assert run("launch").returncode == 2
+    assert run("run", "--lease-duration=10s", "--renew-deadline=10s").returncode == 2
+    assert run("run", "--retry-period=3s", "--renew-deadline=2s").returncode == 2
+    assert run("run", "--id=").returncode == 2
 
 
 def test_http_port_serves_health_readiness_and_metrics(

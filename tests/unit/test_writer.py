@@ -15,6 +15,7 @@ from projector.api import EVENTS, GRANTS, SECRETS
 from projector.errors import (
     ApiError,
     Conflict,
+    Fenced,
     Forbidden,
     Invalid,
     NotFound,
@@ -229,3 +230,20 @@ async def test_status_and_event_failures_never_raise(error: ApiError) -> None:
     assert api.get_object(EVENTS, "default", "g.1") is None
     await w.write_status("g", {"observedGeneration": 2})
     assert metrics.status_writes._value.get() == 1
+
+
+async def test_a_closed_fence_refuses_every_write_before_it_is_sent() -> None:
+    api = FakeApi()
+    api.add(GRANTS, {"metadata": {"name": "g"}})
+
+    def closed() -> None:
+        raise Fenced("no valid lease")
+
+    w = Writer(api, metrics=Metrics(), fence=closed)
+    with pytest.raises(Fenced):
+        await w.execute(plan_for())
+    with pytest.raises(Fenced):
+        await w.write_status("g", {"observedGeneration": 1})
+    with pytest.raises(Fenced):
+        await w.create_event({"metadata": {"name": "g.1"}}, "default")
+    assert api.calls == []

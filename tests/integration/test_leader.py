@@ -1,0 +1,283 @@
+"""High availability with real `projector run` replicas on the real API server.
+
+Leases are short here (3 s, renew deadline 2 s, retry 0.5 s) so that takeovers fit in a test;
+`make bench` measures failover with the defaults. Who wrote what is read from the API server's
+audit log (tests/conftest.py enables it for writes): each replica names itself in its
+User-Agent, `projector/<version> (<id>)`, so "the old leader wrote nothing after it lost the
+lease" is proven from the API side, not from the replica's own word.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client, utils
+
+from tests.launcher import REPO, ControllerProcess
+from tests.support import Cluster, NamespaceFactory, eventually, unique_name
+
+NS, LEASE = "projector-system", "projector-leader"
+LEASE_S, RENEW_S, RETRY_S = 3.0, 2.0, 0.5
+HA = (
+    f"--lease-duration={LEASE_S:g}s",
+    f"--renew-deadline={RENEW_S:g}s",
+    f"--retry-period={RETRY_S:g}s",
+)
+WRITES = {"create", "update", "patch", "delete", "deletecollection"}
+_AGENT = re.compile(r"^projector/\S+ \((?P<id>[^)]+)\)")
+
+Start = Callable[..., ControllerProcess]
+
+
+@dataclass(frozen=True)
+class Write:
+    """One write request in the audit log."""
+
+    at: datetime
+    replica: str
+    verb: str
+    resource: str
+    namespace: str
+    name: str
+    code: int
+
+
+def audit_writes(audit_log: Path) -> list[Write]:
+    """Every write a projector replica sent, in the order the API server received them."""
+    out = []
+    for line in audit_log.read_text().splitlines():
+        ev = json.loads(line)
+        m = _AGENT.match(ev.get("userAgent", ""))
+        if m is None or ev.get("verb") not in WRITES:
+            continue
+        ref = ev.get("objectRef") or {}
+        out.append(
+            Write(
+                datetime.fromisoformat(ev["requestReceivedTimestamp"].replace("Z", "+00:00")),
+                m["id"],
+                ev["verb"],
+                ref.get("resource", ""),
+                ref.get("namespace", ""),
+                ref.get("name", ""),
+                int((ev.get("responseStatus") or {}).get("code", 0)),
+            )
+        )
+    return sorted(out, key=lambda w: w.at)
+
+
+@pytest.fixture
+def coordination(admin_client: client.ApiClient) -> client.CoordinationV1Api:
+    return client.CoordinationV1Api(admin_client)
+
+
+@pytest.fixture
+def holder(coordination: client.CoordinationV1Api) -> Callable[[], str]:
+    def read() -> str:
+        try:
+            lease = coordination.read_namespaced_lease(LEASE, NS)
+        except client.ApiException as e:
+            if e.status == 404:
+                return ""
+            raise
+        return str(lease.spec.holder_identity or "")
+
+    return read
+
+
+@dataclass
+class Replicas:
+    """Replicas of one test, by identity."""
+
+    start_controller: Start
+    prefix: str
+    by_id: dict[str, ControllerProcess] = field(default_factory=dict)
+
+    def start(self, *extra: str, wait_ready: bool = True) -> str:
+        rid = unique_name(self.prefix, max_len=30)
+        self.by_id[rid] = self.start_controller(
+            *HA, f"--id={rid}", *extra, leader_elect=True, wait_ready=wait_ready
+        )
+        return rid
+
+
+@pytest.fixture
+def replicas(start_controller: Start) -> Replicas:
+    return Replicas(start_controller, "r")
+
+
+def projection(k8s: Cluster, make_namespace: NamespaceFactory) -> tuple[str, str]:
+    """A source exported to a consumer namespace by a grant: (source namespace, consumer)."""
+    src, consumer = make_namespace(), make_namespace()
+    k8s.source(src, "hub", {"token": f"ha-canary-{src}-0"}, export_to="*")
+    k8s.grant((src, "hub"), namespaces=[consumer])
+    return src, consumer
+
+
+def update(k8s: Cluster, src: str, version: int) -> str:
+    value = f"ha-canary-{src}-{version}"
+    k8s.patch_secret(src, "hub", {"data": {"token": value}})
+    return value
+
+
+def held_by(holder: Callable[[], str], ids: Iterable[str]) -> str:
+    """The holder, once it is one of `ids` ('' until then)."""
+    now = holder()
+    return now if now in ids else ""
+
+
+def successor(holder: Callable[[], str], gone: str) -> str:
+    """The holder, once it is someone other than `gone` ('' until then)."""
+    now = holder()
+    return now if now not in ("", gone) else ""
+
+
+def copy_is(k8s: Cluster, consumer: str, value: str) -> Callable[[], bool]:
+    return lambda: k8s.copy_data(consumer, "hub") == {"token": value}
+
+
+def test_three_replicas_have_exactly_one_leader_and_all_are_ready(
+    replicas: Replicas, holder: Callable[[], str], k8s: Cluster, make_namespace: NamespaceFactory
+) -> None:
+    ids = [replicas.start() for _ in range(3)]
+    leader = eventually(functools.partial(held_by, holder, ids), timeout=LEASE_S + 10)
+    for rid, cp in replicas.by_id.items():
+        assert cp.ready(), f"{rid} is not ready"  # standbys are ready too: their caches are warm
+        want = 1.0 if rid == leader else 0.0
+        eventually(lambda cp=cp, want=want: cp.metric("projector_leader") == want)  # type: ignore[misc]
+    src, consumer = projection(k8s, make_namespace)
+    eventually(copy_is(k8s, consumer, f"ha-canary-{src}-0"))
+    standbys = [cp for rid, cp in replicas.by_id.items() if rid != leader]
+    assert all(cp.metric("projector_writes_total") == 0 for cp in standbys)
+    assert holder() == leader
+
+
+def test_kill_9_of_the_leader_hands_over_within_the_lease_duration_and_2_s(
+    replicas: Replicas, holder: Callable[[], str], k8s: Cluster, make_namespace: NamespaceFactory
+) -> None:
+    first = replicas.start()
+    eventually(lambda: holder() == first, timeout=LEASE_S + 10)
+    second = replicas.start()
+    src, consumer = projection(k8s, make_namespace)
+    eventually(copy_is(k8s, consumer, f"ha-canary-{src}-0"))
+    assert replicas.by_id[first].stop(signal.SIGKILL) == -signal.SIGKILL
+    killed = time.monotonic()
+    value = update(k8s, src, 1)
+    eventually(copy_is(k8s, consumer, value), timeout=LEASE_S + 2 - (time.monotonic() - killed))
+    assert holder() == second
+
+
+def test_sigterm_releases_the_lease_and_a_standby_projects_within_3_s(
+    replicas: Replicas, holder: Callable[[], str], k8s: Cluster, make_namespace: NamespaceFactory
+) -> None:
+    first = replicas.start()
+    eventually(lambda: holder() == first, timeout=LEASE_S + 10)
+    second = replicas.start()
+    src, consumer = projection(k8s, make_namespace)
+    eventually(copy_is(k8s, consumer, f"ha-canary-{src}-0"))
+    signalled = time.monotonic()
+    assert replicas.by_id[first].stop() == 0
+    assert "lease released" in replicas.by_id[first].logs()
+    value = update(k8s, src, 1)
+    eventually(copy_is(k8s, consumer, value), timeout=3 - (time.monotonic() - signalled))
+    assert holder() == second
+
+
+def test_a_frozen_leader_that_lost_its_lease_writes_nothing_when_it_wakes_and_exits(
+    replicas: Replicas,
+    holder: Callable[[], str],
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    audit_log: Path,
+) -> None:
+    # A long debounce keeps a change queued in the old leader while it is frozen, so that it
+    # has a write to want when it wakes.
+    slow = ("--debounce=1", "--debounce-max=1")
+    old = replicas.start(*slow)
+    eventually(lambda: holder() == old, timeout=LEASE_S + 10)
+    new = replicas.start(*slow)
+    src, consumer = projection(k8s, make_namespace)
+    eventually(copy_is(k8s, consumer, f"ha-canary-{src}-0"))
+    value = update(k8s, src, 1)
+    frozen = replicas.by_id[old]
+    os.kill(frozen.proc.pid, signal.SIGSTOP)
+    try:
+        eventually(lambda: holder() == new, timeout=LEASE_S + 10)
+        eventually(copy_is(k8s, consumer, value), timeout=10)
+        woke = datetime.now(UTC)
+    finally:
+        os.kill(frozen.proc.pid, signal.SIGCONT)
+    eventually(lambda: frozen.proc.poll() is not None, timeout=RENEW_S + 10)
+    assert frozen.stop() != 0  # it exited by itself, non-zero, for its pod to restart clean
+    assert "could not renew the lease" in frozen.logs()
+    writes = audit_writes(audit_log)
+    before = [w for w in writes if w.replica == old and w.at < woke]
+    after = [w for w in writes if w.replica == old and w.at >= woke]
+    assert any(w.resource == "secrets" for w in before)  # the filter does see its writes
+    assert after == [], f"the old leader wrote after it lost the lease: {after}"
+    assert any(w.replica == new and w.resource == "secrets" for w in writes)
+
+
+def test_thirty_forced_transitions_never_overlap_and_never_flap_a_copy(
+    replicas: Replicas,
+    holder: Callable[[], str],
+    coordination: client.CoordinationV1Api,
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    audit_log: Path,
+) -> None:
+    for _ in range(3):
+        replicas.start()
+    leader = eventually(functools.partial(held_by, holder, replicas.by_id), timeout=LEASE_S + 10)
+    src, consumer = projection(k8s, make_namespace)
+    eventually(copy_is(k8s, consumer, f"ha-canary-{src}-0"))
+    transitions = coordination.read_namespaced_lease(LEASE, NS).spec.lease_transitions or 0
+    for version in range(1, 31):
+        assert replicas.by_id[leader].stop() == 0
+        value = update(k8s, src, version)
+        eventually(copy_is(k8s, consumer, value), timeout=10)
+        nxt = eventually(functools.partial(successor, holder, leader), timeout=LEASE_S + 5)
+        assert nxt in replicas.by_id, f"an unknown holder {nxt}"
+        leader = nxt
+        replicas.start()  # the replaced replica comes back, as its pod would
+    lease = coordination.read_namespaced_lease(LEASE, NS).spec
+    assert (lease.lease_transitions or 0) >= transitions + 30
+    ours = set(replicas.by_id)
+    writes = [w for w in audit_writes(audit_log) if w.replica in ours]
+    # One leader at a time: each replica's writes form one run, never interleaved with another's.
+    runs: list[str] = []
+    for w in writes:
+        if w.code < 400 and (not runs or runs[-1] != w.replica):
+            runs.append(w.replica)
+    assert len(runs) == len(set(runs)), f"leaders interleaved: {runs}"
+    # No flapping: the copy was created once and updated exactly once per source change.
+    copy_writes = [
+        w for w in writes if w.resource == "secrets" and (w.namespace, w.name) == (consumer, "hub")
+    ]
+    assert sorted(w.verb for w in copy_writes if w.code < 400) == ["create"] + ["update"] * 30
+
+
+def test_the_shipped_deployment_and_budget_are_accepted_by_the_api_server(
+    admin_client: client.ApiClient,
+) -> None:
+    """Two replicas with leader election, a PodDisruptionBudget: valid objects (dry run)."""
+    docs = list(yaml.safe_load_all((REPO / "deploy" / "manager" / "deployment.yaml").read_text()))
+    kinds = {d["kind"]: d for d in docs}
+    deployment = kinds["Deployment"]
+    assert deployment["spec"]["replicas"] == 2
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--leader-elect" in args and "--no-leader-elect" not in args
+    assert kinds["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
+    for doc in docs:
+        if doc["kind"] != "Namespace":  # the tests' projector-system exists already
+            utils.create_from_dict(admin_client, doc, dry_run="All")

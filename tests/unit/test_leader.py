@@ -1,0 +1,142 @@
+"""Leader election's decisions on the in-memory API double, with a clock moved by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from projector.api import LEASES
+from projector.config import Timings
+from projector.errors import Fenced, ServerError
+from projector.leader import LEASE_NAME, Elector, Lost
+from projector.telemetry import Metrics
+from tests.unit.fakeapi import FakeApi
+
+NS = "projector-system"
+T = Timings(lease_duration=15, renew_deadline=10, retry_period=2)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def elector(api: FakeApi, identity: str, clock: Clock, timings: Timings = T) -> Elector:
+    return Elector(
+        api, namespace=NS, identity=identity, metrics=Metrics(), timings=timings, clock=clock
+    )
+
+
+def lease(api: FakeApi) -> dict[str, Any]:
+    obj = api.get_object(LEASES, NS, LEASE_NAME)
+    assert obj is not None
+    return dict(obj["spec"])
+
+
+async def test_the_first_candidate_creates_the_lease_and_may_write() -> None:
+    api, clock = FakeApi(), Clock()
+    a = elector(api, "a", clock)
+    assert await a._attempt()
+    a.leading.set()
+    a.check()
+    assert lease(api)["holderIdentity"] == "a"
+    assert lease(api)["leaseTransitions"] == 0
+
+
+async def test_a_held_lease_is_taken_only_after_it_went_unrenewed_locally() -> None:
+    api, clock = FakeApi(), Clock()
+    a, b = elector(api, "a", clock), elector(api, "b", clock)
+    assert await a._attempt()
+    assert not await b._attempt()  # held, and b has just seen it change
+    clock.t += T.lease_duration - 0.1
+    assert not await b._attempt()
+    clock.t += 0.2  # a stopped renewing lease_duration ago, as b measures it
+    assert await b._attempt()
+    assert lease(api)["holderIdentity"] == "b"
+    assert lease(api)["leaseTransitions"] == 1
+
+
+async def test_a_renewal_seen_restarts_the_standby_s_count() -> None:
+    api, clock = FakeApi(), Clock()
+    a, b = elector(api, "a", clock), elector(api, "b", clock)
+    assert await a._attempt()
+    assert not await b._attempt()
+    clock.t += 10
+    assert await a._attempt()  # renewed: the Lease changed
+    clock.t += 6
+    assert not await b._attempt()  # 16 s since b first saw it, but it changed 6 s ago
+    clock.t += 15
+    assert await b._attempt()
+
+
+async def test_a_released_lease_is_taken_at_once() -> None:
+    api, clock = FakeApi(), Clock()
+    a, b = elector(api, "a", clock), elector(api, "b", clock)
+    assert await a._attempt()
+    a.leading.set()
+    assert not await b._attempt()
+    await a.release()
+    assert lease(api)["holderIdentity"] == ""
+    with pytest.raises(Fenced):
+        a.check()
+    assert await b._attempt()
+
+
+async def test_the_fence_closes_at_the_renew_deadline_from_the_last_renewal_sent() -> None:
+    api, clock = FakeApi(), Clock()
+    a = elector(api, "a", clock)
+    with pytest.raises(Fenced):
+        a.check()  # not leading yet
+    assert await a._attempt()
+    a.leading.set()
+    clock.t += T.renew_deadline - 0.01
+    a.check()
+    clock.t += 0.02
+    with pytest.raises(Fenced):
+        a.check()
+
+
+async def test_a_takeover_loses_to_a_renewal_that_lands_between_its_read_and_write() -> None:
+    api, clock = FakeApi(), Clock()
+    a, b = elector(api, "a", clock), elector(api, "b", clock)
+    assert await a._attempt()
+    assert not await b._attempt()
+    clock.t += T.lease_duration + 1  # b now judges the lease expired
+    original = api.replace
+
+    async def racing(res: Any, body: Any, **kw: Any) -> Any:
+        if body["spec"]["holderIdentity"] == "b":
+            api.replace = original  # type: ignore[method-assign]
+            assert await a._attempt()  # a's renewal lands first
+        return await original(res, body, **kw)
+
+    api.replace = racing  # type: ignore[method-assign]
+    assert not await b._attempt()  # its PUT carried the version it read: 409, no second leader
+    assert lease(api)["holderIdentity"] == "a"
+    assert lease(api)["leaseTransitions"] == 0
+
+
+async def test_a_leader_that_cannot_renew_stops_at_its_deadline() -> None:
+    api = FakeApi()
+    timings = Timings(lease_duration=0.3, renew_deadline=0.2, retry_period=0.01)
+    real = Elector(api, namespace=NS, identity="a", metrics=Metrics(), timings=timings)
+    task_error: BaseException | None = None
+    original = api.get
+
+    async def failing_after_acquire(*args: Any, **kw: Any) -> Any:
+        if real.leading.is_set():
+            raise ServerError(0, "ReadTimeout")
+        return await original(*args, **kw)
+
+    api.get = failing_after_acquire  # type: ignore[method-assign]
+    try:
+        await real.run()
+    except Lost as e:
+        task_error = e
+    assert isinstance(task_error, Lost)
+    with pytest.raises(Fenced):
+        real.check()
