@@ -7,7 +7,7 @@ integration tests use the real API server. Nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -59,7 +59,7 @@ class Api(Protocol):
         label_selector: str | None = None,
         timeout_seconds: int = 300,
         read_deadline: float = 60.0,
-    ) -> AsyncIterator[tuple[str, Obj]]:
+    ) -> AsyncGenerator[tuple[str, Obj], None]:
         """("OPEN", {}) once accepted, then (type, object) per event until the watch ends."""
         ...
 
@@ -69,12 +69,24 @@ class Api(Protocol):
         """Read one object."""
         ...
 
-    async def create(self, res: Resource, body: Obj, *, namespace: str | None = None) -> Obj:
-        """POST a new object."""
+    async def create(
+        self, res: Resource, body: Obj | bytes, *, namespace: str | None = None
+    ) -> Obj:
+        """POST a new object (a dict, or its JSON already encoded)."""
         ...
 
-    async def replace(self, res: Resource, body: Obj, *, namespace: str | None = None) -> Obj:
-        """PUT the whole object, conditional on its metadata.resourceVersion."""
+    async def replace(
+        self,
+        res: Resource,
+        body: Obj | bytes,
+        *,
+        namespace: str | None = None,
+        name: str | None = None,
+    ) -> Obj:
+        """PUT the whole object, conditional on its metadata.resourceVersion.
+
+        `name` is needed only when `body` is already encoded.
+        """
         ...
 
     async def delete(

@@ -135,6 +135,7 @@ class Controller:
                 await self._report(rec, status.invalid(rec), [])
                 return Result.OK
             plan = reconcile.plan(snap)
+            self.store.want(name, plan.desired)
             outcomes = await self.writer.execute(plan)
             self.metrics.observe(plan, outcomes, since, time.monotonic())
             if rec is not None:

@@ -16,6 +16,7 @@ leave a change unseen.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
@@ -122,24 +123,26 @@ class Informer(Generic[K, T]):
                     need_list = False
                     self.cache.synced.set()
                     healthy.set()
-                async for kind, obj in self.api.watch(
+                events = self.api.watch(
                     self.spec.resource,
                     resource_version=self.resource_version,
                     label_selector=self.spec.label_selector,
                     timeout_seconds=self._timeout_seconds
                     + random.randint(0, self._timeout_seconds // 2),
                     read_deadline=self._read_deadline,
-                ):
-                    healthy.set()
-                    delay = 0.0
-                    if kind == "OPEN":
-                        continue
-                    if kind == "BOOKMARK":
-                        rv = (obj.get("metadata") or {}).get("resourceVersion")
-                        if rv:
-                            self.resource_version = str(rv)
-                        continue
-                    self._apply(kind, obj)
+                )
+                async with contextlib.aclosing(events):  # its connection closes with the loop
+                    async for kind, obj in events:
+                        healthy.set()
+                        delay = 0.0
+                        if kind == "OPEN":
+                            continue
+                        if kind == "BOOKMARK":
+                            rv = (obj.get("metadata") or {}).get("resourceVersion")
+                            if rv:
+                                self.resource_version = str(rv)
+                            continue
+                        self._apply(kind, obj)
                 # A normal end (server timeout): resume from the last resourceVersion.
                 self._event("WATCH_RESTART")
             except Gone:

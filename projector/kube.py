@@ -1,32 +1,39 @@
-"""The only module that talks HTTP to the API server.
+"""The only module that talks HTTP to the API server: aiohttp for every call, orjson bodies.
 
-kr8s gives configuration, authentication (kubeconfig, in-cluster, token refresh) and the httpx
-session; on top of it this module adds what a controller needs and kr8s lacks: watches with
-bookmarks, server timeouts and a client read deadline, metadata-only reads, PUT with optimistic
-concurrency, deletes with preconditions, a client-side rate limit (qps/burst), and errors mapped
-to `projector.errors` so nothing above this layer knows httpx or kr8s exist.
+kr8s gives what it is good at, configuration and authentication (kubeconfig, in-cluster
+config, exec and OIDC token refresh); its credentials (server, SSL context, bearer token) are
+handed to one aiohttp session with a bounded connection pool, reused by every request. On top
+of it this module adds what a controller needs: watches with bookmarks, server timeouts and a
+client read deadline, metadata-only reads, PUT with optimistic concurrency, deletes with
+preconditions, a client-side rate limit (qps/burst), and status codes mapped to
+`projector.errors` by this module itself, so that nothing above it knows aiohttp or kr8s exist.
+
+An error answers one request and nothing else: it never closes the session, so other requests
+and every watch carry on. Only a 401 re-authenticates (once: a fresh token from kr8s, e.g. a
+rotated ServiceAccount token), then the request is sent again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
-import httpx
-import kr8s
-import kr8s.asyncio
+import aiohttp
+import orjson
+from kr8s._auth import KubeAuth
 
 from projector import __version__
 from projector.api import Obj, Resource
 from projector.errors import ApiError, ProjectorError, ServerError, api_error
 from projector.model import FIELD_MANAGER
 
+_JSON = "application/json"
 _METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 _METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+POOL = 100
+"""Connections kept to the API server (HTTP/1.1: one per request in flight, one per watch)."""
 
 
 class TokenBucket:
@@ -59,11 +66,12 @@ RequestHook = Callable[[str, str, int], None]
 
 
 class Kube:
-    """The `projector.api.Api` over kr8s' httpx session (plus `patch`, for benchmarks)."""
+    """The `projector.api.Api` over one aiohttp session (plus `patch`, for benchmarks)."""
 
     def __init__(
         self,
-        api: kr8s.asyncio.Api,
+        auth: Any,
+        ssl: Any,
         *,
         qps: float = 0.0,
         burst: int = 100,
@@ -71,40 +79,56 @@ class Kube:
         on_request: RequestHook | None = None,
         identity: str = "",
     ) -> None:
-        self._api = api
+        self._auth = auth
+        self._server = str(auth.server).rstrip("/")
+        self._server_name = getattr(auth, "tls_server_name", None) or None
         self._limit = TokenBucket(qps, burst)
-        self._timeout = timeout
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._connect_timeout = timeout
         self._on_request = on_request
         self._user_agent = f"projector/{__version__} ({identity})" if identity else "projector"
         """Names the replica in the API server's audit log: who wrote what, after which lease."""
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=POOL, ssl=ssl),
+            headers={"User-Agent": self._user_agent},
+            skip_auto_headers=("Accept-Encoding",),
+        )
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None, **kw: Any) -> Kube:
         """Build from a kubeconfig path, or in-cluster config, or $KUBECONFIG (kr8s' order)."""
         try:
-            api = await kr8s.asyncio.api(kubeconfig=kubeconfig)
+            # kr8s' credentials alone: `kr8s.asyncio.api()` would also open an httpx session
+            # and send a version request that nothing here needs (kr8s is pinned below 0.21).
+            auth = await KubeAuth(kubeconfig=kubeconfig)
+            ssl = await auth.ssl_context()
         except Exception as e:  # kr8s reports a bad kubeconfig as anything from KeyError up
             raise ProjectorError(
                 f"cannot load credentials or reach the API server: {type(e).__name__}: {e}"
             ) from e
-        return cls(api, **kw)
+        return cls(auth, ssl, **kw)
 
     def _record(self, verb: str, res: Resource, code: int) -> None:
         if self._on_request is not None:
             self._on_request(verb, res.plural, code)
 
-    @contextlib.contextmanager
-    def _mapped(self, verb: str, res: Resource, lost: str) -> Iterator[None]:
-        """Turn kr8s' and httpx's errors into ours (the only place that knows them), counted."""
-        try:
-            yield
-        except kr8s.ServerError as e:
-            err = _from_response(e.response)
-            self._record(verb, res, err.status)
-            raise err from None
-        except (httpx.HTTPError, kr8s._exceptions.APITimeoutError, OSError) as e:
-            self._record(verb, res, 0)
-            raise ServerError(0, type(e).__name__, str(e) or lost) from None
+    def _url(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        name: str | None = None,
+        subresource: str | None = None,
+    ) -> str:
+        group = "/api/v1" if res.version == "v1" else f"/apis/{res.version}"
+        scope = f"/namespaces/{namespace}" if res.namespaced and namespace else ""
+        return f"{self._server}{group}{scope}/{res.url(name, subresource)}"
+
+    def _headers(self, content_type: str, accept: str) -> dict[str, str]:
+        headers = {"Content-Type": content_type, "Accept": accept}
+        token = self._auth.token
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
 
     async def _request(
         self,
@@ -116,33 +140,47 @@ class Kube:
         name: str | None = None,
         subresource: str | None = None,
         params: Mapping[str, str] | None = None,
-        body: Obj | None = None,
-        content_type: str = "application/json",
-        accept: str = "application/json",
+        body: Obj | bytes | None = None,
+        content_type: str = _JSON,
+        accept: str = _JSON,
     ) -> Obj:
         await self._limit.acquire()
-        kwargs: dict[str, Any] = {
-            "headers": {
-                "Content-Type": content_type,
-                "Accept": accept,
-                "User-Agent": self._user_agent,
-            },
-            "timeout": self._timeout,
-        }
-        if params:
-            kwargs["params"] = dict(params)
-        if body is not None:
-            kwargs["content"] = json.dumps(body)
-        with self._mapped(verb, res, "no response"):
-            async with self._api.call_api(
-                method,
-                version=res.version,
-                namespace=namespace if res.namespaced else None,
-                url=res.url(name, subresource),
-                **kwargs,
-            ) as response:
-                self._record(verb, res, response.status_code)
-                return response.json() if response.content else {}
+        url = self._url(res, namespace, name, subresource)
+        data = body if body is None or isinstance(body, bytes) else orjson.dumps(body)
+        for attempt in (1, 2):
+            try:
+                async with self._session.request(
+                    method,
+                    url,
+                    params=params,
+                    data=data,
+                    headers=self._headers(content_type, accept),
+                    timeout=self._timeout,
+                    server_hostname=self._server_name,
+                ) as response:
+                    status, raw = response.status, await response.read()
+                    retry_after = response.headers.get("Retry-After")
+            except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                self._record(verb, res, 0)
+                raise ServerError(0, type(e).__name__, str(e) or "no response") from None
+            self._record(verb, res, status)
+            if status == 401 and attempt == 1:
+                await self._reauthenticate()
+                continue
+            if status >= 400:
+                raise _from_body(status, raw, retry_after)
+            try:
+                return orjson.loads(raw) if raw else {}
+            except orjson.JSONDecodeError:
+                raise ServerError(0, "BadResponse", "undecodable response body") from None
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    async def _reauthenticate(self) -> None:
+        """A 401: ask kr8s for fresh credentials (a rotated or refreshed token), once."""
+        try:
+            await self._auth.reauthenticate()
+        except Exception as e:  # kr8s raises anything from ValueError up
+            raise ServerError(0, "ReauthenticationFailed", f"{type(e).__name__}: {e}") from None
 
     async def list(
         self,
@@ -165,7 +203,7 @@ class Kube:
                 res,
                 namespace=namespace,
                 params=params,
-                accept=_METADATA_LIST if metadata_only else "application/json",
+                accept=_METADATA_LIST if metadata_only else _JSON,
             )
             items.extend(out.get("items") or ())
             meta = out.get("metadata") or {}
@@ -181,7 +219,7 @@ class Kube:
         label_selector: str | None = None,
         timeout_seconds: int = 300,
         read_deadline: float = 60.0,
-    ) -> AsyncIterator[tuple[str, Obj]]:
+    ) -> AsyncGenerator[tuple[str, Obj], None]:
         """Yield (type, object) from one watch request, BOOKMARKs included, until it ends.
 
         The first item is ("OPEN", {}) once the server has accepted the watch.
@@ -189,6 +227,7 @@ class Kube:
         The server ends the watch after `timeoutSeconds`; a connection that goes silent for
         `read_deadline` seconds (bookmarks arrive about every minute) raises instead of hanging,
         so a stalled watch is always detected. A 410 raises `Gone`: the caller must relist.
+        Events are split on newlines here, so an event of any size (a 1 MiB Secret) is read.
         """
         params = {
             "watch": "true",
@@ -198,31 +237,33 @@ class Kube:
         }
         if label_selector:
             params["labelSelector"] = label_selector
-        timeout = httpx.Timeout(self._timeout, read=read_deadline)
+        timeout = aiohttp.ClientTimeout(sock_connect=self._connect_timeout, sock_read=read_deadline)
         await self._limit.acquire()
-        with self._mapped("WATCH", res, "watch connection lost"):
-            async with self._api.call_api(
-                "GET",
-                version=res.version,
-                url=res.url(),
+        try:
+            async with self._session.get(
+                self._url(res),
                 params=params,
-                stream=True,
-                headers={"User-Agent": self._user_agent},
+                headers=self._headers(_JSON, _JSON),
                 timeout=timeout,
+                server_hostname=self._server_name,
             ) as response:
-                self._record("WATCH", res, response.status_code)
+                self._record("WATCH", res, response.status)
+                if response.status >= 400:
+                    raw = await response.read()
+                    if response.status == 401:
+                        await self._reauthenticate()  # the informer retries with the new token
+                    raise _from_body(response.status, raw, response.headers.get("Retry-After"))
                 yield "OPEN", {}
-                async for line in response.aiter_lines():
-                    if not line:
-                        continue
-                    try:
-                        event = json.loads(line)
-                    except ValueError:
-                        raise ServerError(0, "BadWatchEvent", "undecodable watch event") from None
-                    kind, obj = event.get("type", ""), event.get("object") or {}
-                    if kind == "ERROR":
-                        raise _from_status(obj)
-                    yield kind, obj
+                buffer = b""
+                async for chunk in response.content.iter_any():
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            yield _event(line)
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            self._record("WATCH", res, 0)
+            raise ServerError(0, type(e).__name__, str(e) or "watch connection lost") from None
 
     async def get(
         self, res: Resource, name: str, *, namespace: str | None = None, metadata_only: bool = False
@@ -231,17 +272,28 @@ class Kube:
         accept = _METADATA_ONLY if metadata_only else "application/json"
         return await self._request("GET", "GET", res, namespace=namespace, name=name, accept=accept)
 
-    async def create(self, res: Resource, body: Obj, *, namespace: str | None = None) -> Obj:
+    async def create(
+        self, res: Resource, body: Obj | bytes, *, namespace: str | None = None
+    ) -> Obj:
         """POST a new object (409 AlreadyExists if the name is taken)."""
         params = {"fieldManager": FIELD_MANAGER}
         return await self._request(
             "CREATE", "POST", res, namespace=namespace, params=params, body=body
         )
 
-    async def replace(self, res: Resource, body: Obj, *, namespace: str | None = None) -> Obj:
+    async def replace(
+        self,
+        res: Resource,
+        body: Obj | bytes,
+        *,
+        namespace: str | None = None,
+        name: str | None = None,
+    ) -> Obj:
         """PUT the whole object; its metadata.resourceVersion makes a stale write fail with 409."""
         params = {"fieldManager": FIELD_MANAGER}
-        name = body["metadata"]["name"]
+        if name is None:
+            assert isinstance(body, dict), "an encoded body needs its name"
+            name = str(body["metadata"]["name"])
         return await self._request(
             "UPDATE", "PUT", res, namespace=namespace, name=name, params=params, body=body
         )
@@ -292,9 +344,18 @@ class Kube:
 
     async def close(self) -> None:
         """Close the HTTP session."""
-        session = getattr(self._api, "_session", None)
-        if session is not None:
-            await session.aclose()
+        await self._session.close()
+
+
+def _event(line: bytes) -> tuple[str, Obj]:
+    try:
+        event = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        raise ServerError(0, "BadWatchEvent", "undecodable watch event") from None
+    kind, obj = event.get("type", ""), event.get("object") or {}
+    if kind == "ERROR":
+        raise _from_status(obj)
+    return kind, obj
 
 
 def _causes(status: Mapping[str, Any]) -> tuple[str, ...]:
@@ -302,34 +363,27 @@ def _causes(status: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(str(c.get("reason", "")) for c in details.get("causes") or () if c)
 
 
-def _from_status(status: Mapping[str, Any]) -> ApiError:
+def _from_status(status: Mapping[str, Any], code: int = 0, retry_after: float = 1.0) -> ApiError:
     """Map a metav1.Status (from a body or an in-stream watch ERROR) to our error tree."""
-    code = int(status.get("code") or 0)
     return api_error(
-        code, str(status.get("reason", "")), str(status.get("message", "")), _causes(status)
-    )
-
-
-def _from_response(response: httpx.Response | None) -> ApiError:
-    if response is None:
-        return ServerError(0, "NoResponse", "")
-    try:
-        body = response.json()
-    except ValueError:
-        body = {}
-    if not isinstance(body, dict):
-        body = {}
-    retry_after = 1.0
-    header = response.headers.get("Retry-After")
-    if header:
-        try:
-            retry_after = max(0.0, float(header))
-        except ValueError:
-            retry_after = 1.0
-    return api_error(
-        response.status_code,
-        str(body.get("reason", response.reason_phrase)),
-        str(body.get("message", "")),
-        _causes(body),
+        code or int(status.get("code") or 0),
+        str(status.get("reason", "")),
+        str(status.get("message", "")),
+        _causes(status),
         retry_after,
     )
+
+
+def _from_body(code: int, raw: bytes, retry_after: str | None) -> ApiError:
+    """The error an HTTP status and its body (a metav1.Status, or anything) stand for."""
+    try:
+        status = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError:
+        status = {}
+    if not isinstance(status, dict):
+        status = {}
+    try:
+        delay = max(0.0, float(retry_after)) if retry_after else 1.0
+    except ValueError:
+        delay = 1.0
+    return _from_status(status, code, delay)

@@ -142,12 +142,18 @@ class Desired:
         )
 
     def manifest(
-        self, namespace: str, resource_version: str | None = None, keep: Copy | None = None
+        self,
+        namespace: str,
+        resource_version: str | None = None,
+        keep: Copy | None = None,
+        *,
+        with_data: bool = True,
     ) -> dict[str, object]:
         """The Secret to send; with a resourceVersion, a PUT that fails if the copy moved on.
 
         Labels and annotations others added to `keep` (the stored copy) are carried over:
-        a PUT must not erase what other tools wrote, only restore what is ours.
+        a PUT must not erase what other tools wrote, only restore what is ours. Without data,
+        for a writer that serializes the data once for every namespace.
         """
         labels, annotations = dict(self.labels), dict(self.annotations)
         if keep is not None:
@@ -162,13 +168,15 @@ class Desired:
         }
         if resource_version:
             meta["resourceVersion"] = resource_version
-        return {
+        out: dict[str, object] = {
             "apiVersion": "v1",
             "kind": "Secret",
             "metadata": meta,
             "type": self.type,
-            "data": dict(self.data),
         }
+        if with_data:
+            out["data"] = dict(self.data)
+        return out
 
 
 def _foreign(metadata: Mapping[str, str], grants: Iterable[str]) -> dict[str, str]:

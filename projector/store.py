@@ -44,7 +44,7 @@ from projector.model import (
     parse_namespace,
     parse_source,
 )
-from projector.reconcile import Snapshot, SourceState
+from projector.reconcile import Desired, Snapshot, SourceState
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
@@ -166,6 +166,18 @@ class Store:
         self._copies_by_name: defaultdict[str, set[ObjectKey]] = defaultdict(set)
         self._copies_by_label: defaultdict[str, set[ObjectKey]] = defaultdict(set)
         self._copies_by_uid: defaultdict[str, set[ObjectKey]] = defaultdict(set)
+        self._wanted: dict[str, Desired] = {}
+
+    def want(self, name: str, desired: Desired | None) -> None:
+        """Record the copy grant `name` last planned.
+
+        Events of copies that already hold it (the echoes of its own writes) are no news, so
+        they do not wake the grant again and cannot defeat the debounce of a burst.
+        """
+        if desired is None:
+            self._wanted.pop(name, None)
+        else:
+            self._wanted[name] = desired
 
     def listen(self, listener: Listener) -> None:
         """Tell `listener` which grant names each later change affects."""
@@ -362,6 +374,8 @@ class Store:
                 names.add(owner)
         if old is not None and new is None:  # a freed place: a waiting rival may take it now
             names |= self._by_target.get(old.key.name, set())
+        elif new is not None:  # a copy that holds what its grant wants is no news to it
+            names = {n for n in names if not ((d := self._wanted.get(n)) and d.in_sync(new))}
         self._notify(Kind.COPY, names)
 
 

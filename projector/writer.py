@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
+import orjson
 import structlog
 from tenacity import (
     AsyncRetrying,
@@ -28,7 +29,7 @@ from tenacity.wait import wait_base
 
 from projector.api import EVENTS, GRANTS, SECRETS, Api, Obj
 from projector.errors import ApiError, Conflict, Forbidden, NotFound, TooManyRequests
-from projector.model import parse_copy
+from projector.model import Copy, parse_copy
 from projector.reconcile import (
     CONFLICT_MESSAGE,
     Action,
@@ -73,6 +74,24 @@ def _transient(e: BaseException) -> bool:
 _RESULTS = {Reason.WRITE_FAILED: WriteResult.ERROR, Reason.CONFLICT: WriteResult.CONFLICT}
 
 
+class _Bodies:
+    """The copy's request bodies: its data is serialized once per plan, however many copies."""
+
+    def __init__(self, desired: Desired) -> None:
+        self._desired = desired
+        self._data: bytes | None = None
+
+    def body(
+        self, namespace: str, resource_version: str | None = None, keep: Copy | None = None
+    ) -> bytes:
+        if self._data is None:
+            self._data = orjson.dumps(dict(self._desired.data))
+        head = orjson.dumps(
+            self._desired.manifest(namespace, resource_version, keep, with_data=False)
+        )
+        return head[:-1] + b',"data":' + self._data + b"}"
+
+
 class Writer:
     """Executes plans, writes statuses and records Events; the only code that writes."""
 
@@ -112,10 +131,11 @@ class Writer:
         ]
         writes = plan.writes
         if writes:
-            outcomes.extend(await asyncio.gather(*(self._run(plan, s) for s in writes)))
+            bodies = _Bodies(plan.desired) if plan.desired is not None else None
+            outcomes.extend(await asyncio.gather(*(self._run(plan, s, bodies) for s in writes)))
         return outcomes
 
-    async def _run(self, plan: Plan, step: Step) -> Outcome:
+    async def _run(self, plan: Plan, step: Step, bodies: _Bodies | None) -> Outcome:
         async with self._slots:
             try:
                 async for attempt in AsyncRetrying(
@@ -125,7 +145,7 @@ class Writer:
                     reraise=True,
                 ):
                     with attempt:
-                        outcome = await self._write(plan, step)
+                        outcome = await self._write(plan, step, bodies)
             except ApiError as e:
                 outcome = Outcome(
                     step, Reason.WRITE_FAILED, f"{step.action.value}: {e.status} {e.reason}"
@@ -133,28 +153,28 @@ class Writer:
             self._metrics.write(step.action, _RESULTS.get(outcome.reason, WriteResult.OK))
             return outcome
 
-    async def _write(self, plan: Plan, step: Step) -> Outcome:
-        ns, desired = step.namespace, plan.desired
+    async def _write(self, plan: Plan, step: Step, bodies: _Bodies | None) -> Outcome:
+        ns, name = step.namespace, step.name
         if step.action is Action.DELETE:
             return await self._delete(step)
-        assert desired is not None, "a create/update plan always has desired content"
+        assert bodies is not None, "a create/update plan always has desired content"
         if step.action is Action.REPLACE:
             deleted = await self._delete(step)
             if deleted.reason is Reason.WRITE_FAILED:
                 return deleted
-            return await self._create(plan, step, desired)
+            return await self._create(plan, step, bodies)
         if step.action is Action.UPDATE and step.existing is not None:
-            body = desired.manifest(ns, step.existing.resource_version, keep=step.existing)
+            body = bodies.body(ns, step.existing.resource_version, keep=step.existing)
             try:
-                await self._send(lambda api: api.replace(SECRETS, body, namespace=ns))
+                await self._send(lambda api: api.replace(SECRETS, body, namespace=ns, name=name))
             except NotFound:
-                return await self._create(plan, step, desired)
+                return await self._create(plan, step, bodies)
             return Outcome(step, Reason.PROJECTED, written=True)
-        return await self._create(plan, step, desired)
+        return await self._create(plan, step, bodies)
 
-    async def _create(self, plan: Plan, step: Step, desired: Desired) -> Outcome:
-        ns = step.namespace
-        body = desired.manifest(ns)
+    async def _create(self, plan: Plan, step: Step, bodies: _Bodies) -> Outcome:
+        ns, name = step.namespace, step.name
+        body = bodies.body(ns)
         try:
             await self._send(lambda api: api.create(SECRETS, body, namespace=ns))
             return Outcome(step, Reason.PROJECTED, written=True)
@@ -168,13 +188,13 @@ class Writer:
                 return Outcome(step, Reason.TERMINATING)
             raise
         # The name is taken by a Secret the cache does not hold: the ownership rule decides.
-        obj = await self._api.get(SECRETS, desired.name, namespace=ns, metadata_only=True)
-        meta = {**(obj.get("metadata") or {}), "namespace": ns, "name": desired.name}
+        obj = await self._api.get(SECRETS, name, namespace=ns, metadata_only=True)
+        meta = {**(obj.get("metadata") or {}), "namespace": ns, "name": name}
         stored = parse_copy({"metadata": meta})
         if claim(plan.snapshot, stored, plan.snapshot.namespaces.get(ns)) is Claim.FOREIGN:
             return Outcome(step, Reason.CONFLICT, CONFLICT_MESSAGE)
-        update = desired.manifest(ns, stored.resource_version, keep=stored)
-        await self._send(lambda api: api.replace(SECRETS, update, namespace=ns))
+        update = bodies.body(ns, stored.resource_version, keep=stored)
+        await self._send(lambda api: api.replace(SECRETS, update, namespace=ns, name=name))
         return Outcome(step, Reason.PROJECTED, written=True)
 
     async def _delete(self, step: Step) -> Outcome:

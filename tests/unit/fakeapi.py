@@ -12,8 +12,10 @@ import asyncio
 import copy
 import itertools
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
+
+import orjson
 
 from projector.api import Obj, Resource
 from projector.errors import ApiError, Conflict, NotFound
@@ -87,7 +89,7 @@ class FakeApi:
         label_selector: str | None = None,
         timeout_seconds: int = 300,
         read_deadline: float = 60.0,
-    ) -> AsyncIterator[tuple[str, Obj]]:
+    ) -> AsyncGenerator[tuple[str, Obj], None]:
         self._call("WATCH", res)
         yield "OPEN", {}
         await asyncio.Event().wait()  # a quiet watch
@@ -99,7 +101,10 @@ class FakeApi:
         obj = copy.deepcopy(self._get(res, namespace, name))
         return {"metadata": obj["metadata"]} if metadata_only else obj
 
-    async def create(self, res: Resource, body: Obj, *, namespace: str | None = None) -> Obj:
+    async def create(
+        self, res: Resource, body: Obj | bytes, *, namespace: str | None = None
+    ) -> Obj:
+        body = orjson.loads(body) if isinstance(body, bytes) else body
         name = body["metadata"]["name"]
         self._call("CREATE", res, name)
         if (res.plural, namespace or "", name) in self.objects:
@@ -108,7 +113,15 @@ class FakeApi:
         obj["metadata"]["namespace"] = namespace or ""
         return copy.deepcopy(self.add(res, obj))
 
-    async def replace(self, res: Resource, body: Obj, *, namespace: str | None = None) -> Obj:
+    async def replace(
+        self,
+        res: Resource,
+        body: Obj | bytes,
+        *,
+        namespace: str | None = None,
+        name: str | None = None,
+    ) -> Obj:
+        body = orjson.loads(body) if isinstance(body, bytes) else body
         name = body["metadata"]["name"]
         self._call("UPDATE", res, name)
         old = self._get(res, namespace, name)

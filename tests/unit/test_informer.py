@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import pytest
@@ -44,7 +44,7 @@ class ScriptedKube:
 
     async def watch(
         self, _res: Any, *, resource_version: str, **_kw: Any
-    ) -> AsyncIterator[tuple[str, Obj]]:
+    ) -> AsyncGenerator[tuple[str, Obj], None]:
         self.watch_rvs.append(resource_version)
         if not self.scripts:
             yield "OPEN", {}

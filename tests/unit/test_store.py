@@ -18,7 +18,7 @@ from projector.model import (
     MANAGED_BY_VALUE,
     ObjectKey,
 )
-from projector.reconcile import SourceState, plan
+from projector.reconcile import Desired, SourceState, desired_copy, plan
 from projector.store import Cache, Kind, Store
 from tests.unit.factories import managed_fields
 from tests.unit.fakeapi import FakeApi
@@ -281,3 +281,30 @@ async def test_a_source_absent_from_the_cache_is_probed(
     snap = await store.snapshot("g")
     assert (snap.source, snap.source_state) == (None, state)
     assert api.calls == [("GET", "secrets", "s")]
+
+
+def test_the_echo_of_our_own_write_wakes_nobody_but_drift_does(store: Store) -> None:
+    grant = grant_obj("g", namespaces=["a"])
+    put(store.grants, grant)
+    put(store.sources, source_obj("src", "s"))
+    record = store.grants.get("g")
+    source = store.sources.get(ObjectKey("src", "s"))
+    assert record is not None and record.grant is not None and source is not None
+    desired = desired_copy(record.grant, source)
+    assert isinstance(desired, Desired)
+    store.want("g", desired)
+    woken = Woken(store)
+    written = desired.manifest("a")
+    written["metadata"] |= {  # type: ignore[operator]
+        "uid": "u1",
+        "resourceVersion": "5",
+        "managedFields": [managed_fields("projector", desired.annotations)],
+    }
+    put(store.copies, written)
+    assert woken.take() == set()  # our own write's echo
+    drifted = {**written, "data": {**desired.data, "k": "ZHJpZnQ="}}
+    put(store.copies, drifted)
+    assert woken.take() == {"g"}  # someone else's edit
+    store.want("g", None)
+    put(store.copies, written)
+    assert woken.take() == {"g"}  # nothing recorded: every event is news

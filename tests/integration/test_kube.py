@@ -1,0 +1,95 @@
+"""The transport against the real API server: errors answer one request and break nothing else.
+
+Runs as projector's ServiceAccount (the shipped RBAC), so a 403 is a real RBAC refusal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from projector.api import SECRETS, Resource
+from projector.errors import ApiError, Conflict, Forbidden, Invalid, NotFound
+from projector.kube import Kube
+from tests.support import NamespaceFactory
+
+CONFIGMAPS = Resource("v1", "configmaps", True, "ConfigMap")
+"""Not in projector's ClusterRole: every call is a 403."""
+
+
+def secret(name: str, value: str = "transport-canary") -> dict[str, object]:
+    data = {"v": base64.b64encode(value.encode()).decode()}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": data}
+
+
+async def test_errors_are_mapped_and_leave_the_session_and_a_watch_working(
+    projector_kubeconfig: Path, make_namespace: NamespaceFactory
+) -> None:
+    ns = make_namespace()
+    codes: Counter[int] = Counter()
+    kube = await Kube.connect(
+        str(projector_kubeconfig), on_request=lambda _v, _r, c: codes.update([c])
+    )
+    try:
+        seen: list[str] = []
+        opened = asyncio.Event()
+
+        async def follow() -> None:
+            _, rv = await kube.list(SECRETS, namespace=ns)
+            async for kind, obj in kube.watch(SECRETS, resource_version=rv, read_deadline=30):
+                opened.set()
+                if kind == "ADDED" and obj["metadata"]["namespace"] == ns:
+                    seen.append(obj["metadata"]["name"])
+                    if obj["metadata"]["name"] == "after":
+                        return
+
+        watch = asyncio.create_task(follow())
+        await asyncio.wait_for(opened.wait(), 30)
+        await kube.create(SECRETS, secret("before"), namespace=ns)
+        with pytest.raises(Forbidden):
+            await kube.get(CONFIGMAPS, "x", namespace=ns)
+        with pytest.raises(NotFound):
+            await kube.get(SECRETS, "missing", namespace=ns)
+        with pytest.raises(Conflict) as exists:
+            await kube.create(SECRETS, secret("before"), namespace=ns)
+        assert exists.value.already_exists
+        stale = await kube.get(SECRETS, "before", namespace=ns)
+        await kube.replace(SECRETS, {**stale, "data": {"v": "eQ=="}}, namespace=ns)
+        with pytest.raises(Conflict) as moved:
+            await kube.replace(SECRETS, stale, namespace=ns)  # its resourceVersion is old now
+        assert not moved.value.already_exists
+        with pytest.raises(Invalid):
+            await kube.create(SECRETS, secret("Not_A_Name"), namespace=ns)
+        await kube.create(SECRETS, secret("after"), namespace=ns)  # the session still works
+        await asyncio.wait_for(watch, 30)  # and the watch opened before every error still runs
+        assert seen == ["before", "after"]
+        assert codes[403] == 1 and codes[401] == 0  # a 403 is answered once, never re-sent
+    finally:
+        await kube.close()
+
+
+def bad_token_kubeconfig(good: Path, bad: Path) -> Path:
+    config = yaml.safe_load(good.read_text())
+    config["users"][0]["user"]["token"] = "not-a-token"
+    bad.write_text(yaml.safe_dump(config))
+    return bad
+
+
+async def test_a_401_reauthenticates_once_then_reports_it(
+    projector_kubeconfig: Path, tmp_path: Path
+) -> None:
+    bad = bad_token_kubeconfig(projector_kubeconfig, tmp_path / "kubeconfig")
+    codes: list[int] = []
+    kube = await Kube.connect(str(bad), on_request=lambda _v, _r, c: codes.append(c))
+    try:
+        with pytest.raises(ApiError) as err:
+            await kube.get(SECRETS, "x", namespace="default")
+        assert err.value.status == 401
+        assert codes == [401, 401]  # one re-authentication (the same bad token), then the error
+    finally:
+        await kube.close()
