@@ -205,8 +205,10 @@ class Kube:
                 params=params,
                 accept=_METADATA_LIST if metadata_only else _JSON,
             )
-            items.extend(out.get("items") or ())
             meta = out.get("metadata") or {}
+            if not isinstance(out.get("items"), list) or not meta.get("resourceVersion"):
+                raise _incomplete(f"a {res.kind} list")  # never "nothing is there"
+            items.extend(out["items"])
             if not meta.get("continue"):
                 return items, str(meta.get("resourceVersion", ""))
             params["continue"] = meta["continue"]
@@ -269,8 +271,9 @@ class Kube:
         self, res: Resource, name: str, *, namespace: str | None = None, metadata_only: bool = False
     ) -> Obj:
         """Read one object; metadata-only never transfers a Secret's data."""
-        accept = _METADATA_ONLY if metadata_only else "application/json"
-        return await self._request("GET", "GET", res, namespace=namespace, name=name, accept=accept)
+        accept = _METADATA_ONLY if metadata_only else _JSON
+        out = await self._request("GET", "GET", res, namespace=namespace, name=name, accept=accept)
+        return _whole(out, res)
 
     async def create(
         self, res: Resource, body: Obj | bytes, *, namespace: str | None = None
@@ -345,6 +348,22 @@ class Kube:
     async def close(self) -> None:
         """Close the HTTP session."""
         await self._session.close()
+
+
+def _incomplete(what: str) -> ServerError:
+    return ServerError(0, "IncompleteResponse", f"{what} came back without its metadata")
+
+
+def _whole(obj: Obj, res: Resource) -> Obj:
+    """An object read back, checked to say what it is.
+
+    A 200 with an empty or partial body is an error (retried, never acted on), not evidence
+    that the object lacks labels or data: the seed's outage began with such a "success".
+    """
+    meta = obj.get("metadata") or {}
+    if not meta.get("name") or not meta.get("uid"):
+        raise _incomplete(f"a {res.kind}")
+    return obj
 
 
 def _event(line: bytes) -> tuple[str, Obj]:

@@ -138,8 +138,8 @@ class Source:
     key: ObjectKey
     uid: Uid
     type: str
-    data: Mapping[str, str]
-    """base64 values exactly as the API returned them; never logged."""
+    data: Mapping[str, str] = field(repr=False)
+    """base64 values exactly as the API returned them; never logged (not even in a repr)."""
     export_to: tuple[str, ...]
     """Patterns from the export-to annotation; empty means nobody."""
 
@@ -334,8 +334,6 @@ def content_hash(
     data: Mapping[str, str],
     labels: Mapping[str, str],
     annotations: Mapping[str, str],
-    *,
-    immutable: bool = False,
 ) -> str:
     """Hash what a copy holds: the diff key between what we want and what is stored.
 
@@ -344,7 +342,7 @@ def content_hash(
     """
     meta = {k: v for k, v in annotations.items() if k != HASH_ANNOTATION}
     blob = json.dumps(
-        [type_, immutable, sorted(data.items()), sorted(labels.items()), sorted(meta.items())],
+        [type_, sorted(data.items()), sorted(labels.items()), sorted(meta.items())],
         separators=(",", ":"),
     )
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
@@ -389,7 +387,6 @@ def parse_copy(obj: Mapping[str, Any]) -> Copy:
             obj.get("data") or {},
             own_metadata(labels),
             own_metadata(annotations),
-            immutable=immutable,
         ),
         deleting=bool(meta.get("deletionTimestamp")),
         immutable=immutable,

@@ -97,6 +97,7 @@ UNCOPYABLE_TYPES = frozenset(
 """Types the API server ties to their namespace; their copies are plain Opaque Secrets."""
 
 CONFLICT_MESSAGE = "a Secret of that name exists and is not owned by this grant"
+ORPHAN_MESSAGE = "an earlier grant of this name left a copy of another source here"
 
 FAILURE_REASONS = frozenset(
     {
@@ -116,7 +117,8 @@ class Desired:
 
     name: str
     type: str
-    data: Mapping[str, str]
+    data: Mapping[str, str] = field(repr=False)
+    """The Secret's values: never in a log, an error message or a repr."""
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     hash: str
@@ -280,7 +282,8 @@ class Claim(StrEnum):
     OWN = "Own"
     """It carries this grant's uid."""
     ORPHAN = "Orphan"
-    """An earlier grant of this name left it: it names this grant and a uid no grant has."""
+    """An earlier grant of this name left it: it names this grant and a uid no grant has. It
+    follows the policy recorded on it, unless this grant would write the very same copy."""
     JUNIOR = "Junior"
     """A younger grant that also wants this copy here holds it; the older grant wins."""
     FOREIGN = "Foreign"
@@ -313,6 +316,24 @@ def claim(snap: Snapshot, copy: Copy, ns: Namespace | None = None) -> Claim:
     ):
         return Claim.JUNIOR
     return Claim.FOREIGN
+
+
+def may_write(snap: Snapshot, copy: Copy, ns: Namespace) -> bool:
+    """May the snapshot's grant overwrite `copy`, found at a place where it wants its copy?
+
+    Its own copy; a younger rival's; or an orphan of its name that it would write the same:
+    same source, same name (a grant never takes over a copy of something else it was not
+    asked to write, e.g. one an earlier, deleted grant of that name retained).
+    """
+    owner = claim(snap, copy, ns)
+    if owner is Claim.ORPHAN:
+        grant = snap.grant
+        return (
+            grant is not None
+            and copy.key.name == grant.target_name
+            and copy.annotations.get(SOURCE_ANNOTATION) == str(grant.source)
+        )
+    return owner is not Claim.FOREIGN
 
 
 def desired_copy(grant: Grant, source: Source) -> Desired | str:
@@ -508,14 +529,17 @@ def plan(snap: Snapshot) -> Plan:
             continue
         steps.append(_converge(snap, desired, ns, existing))
 
-    # Owned copies the grant no longer wants here (untargeted namespace, renamed target).
+    # Owned copies the grant no longer wants here (untargeted namespace, renamed target), and
+    # orphans of its name, which follow the policy recorded on them, not this grant's.
     for key, copy in owned.items():
         if key in handled:
             continue
         if state is SourceState.UNKNOWN:
             steps.append(Step(key.namespace, Action.NOOP, Reason.SOURCE_UNKNOWN, copy, key.name))
-        else:
+        elif copy.grant_uid == grant.uid:
             steps.append(_revoke(copy, Reason.REVOKED, grant.on_revoke))
+        else:
+            steps.append(_revoke(copy, Reason.REVOKED, _recorded_policy(copy)))
     return Plan(snap, state, desired, tuple(steps), matched)
 
 
@@ -524,11 +548,14 @@ def _converge(snap: Snapshot, desired: Desired, ns: Namespace, existing: Copy | 
     name = desired.name
     if existing is None:
         return Step(ns.name, Action.CREATE, Reason.PROJECTED, None, name)
-    if claim(snap, existing, ns) is Claim.FOREIGN:
-        return Step(ns.name, Action.NOOP, Reason.CONFLICT, existing, name, CONFLICT_MESSAGE)
+    if not may_write(snap, existing, ns):
+        orphan = claim(snap, existing, ns) is Claim.ORPHAN  # an earlier grant's other copy
+        message = ORPHAN_MESSAGE if orphan else CONFLICT_MESSAGE
+        return Step(ns.name, Action.NOOP, Reason.CONFLICT, existing, name, message)
     if existing.deleting:
         return Step(ns.name, Action.NOOP, Reason.COPY_DELETING, existing, name)
-    if existing.type != desired.type or existing.immutable:
+    in_sync = desired.in_sync(existing)
+    if existing.type != desired.type or (existing.immutable and not in_sync):
         return Step(
             ns.name,
             Action.REPLACE,
@@ -539,5 +566,5 @@ def _converge(snap: Snapshot, desired: Desired, ns: Namespace, existing: Copy | 
             if existing.type != desired.type
             else "the copy was made immutable",
         )
-    action = Action.NOOP if desired.in_sync(existing) else Action.UPDATE
+    action = Action.NOOP if in_sync else Action.UPDATE
     return Step(ns.name, action, Reason.PROJECTED, existing, name)

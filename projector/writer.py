@@ -3,7 +3,7 @@
 `_send` is the choke point a leader-election fence guards: nothing else writes.
 
 The writer executes a plan's steps and never decides what to write: when a create meets a
-Secret the cache did not hold, `reconcile.claim` (the one ownership rule) says whether it may
+Secret the cache did not hold, `reconcile.may_write` (the one ownership rule) says whether it may
 be written. Copy writes are concurrent up to a bound shared by every reconcile, carry
 optimistic-concurrency preconditions (PUT with the cached resourceVersion; DELETE with uid and
 resourceVersion), and retry transient failures (5xx, lost connections, 429 after its
@@ -33,14 +33,13 @@ from projector.model import Copy, parse_copy
 from projector.reconcile import (
     CONFLICT_MESSAGE,
     Action,
-    Claim,
     Desired,
     Outcome,
     Plan,
     Reason,
     Step,
     WriteResult,
-    claim,
+    may_write,
 )
 from projector.telemetry import Metrics
 
@@ -191,7 +190,8 @@ class Writer:
         obj = await self._api.get(SECRETS, name, namespace=ns, metadata_only=True)
         meta = {**(obj.get("metadata") or {}), "namespace": ns, "name": name}
         stored = parse_copy({"metadata": meta})
-        if claim(plan.snapshot, stored, plan.snapshot.namespaces.get(ns)) is Claim.FOREIGN:
+        place = plan.snapshot.namespaces.get(ns)
+        if place is None or not may_write(plan.snapshot, stored, place):
             return Outcome(step, Reason.CONFLICT, CONFLICT_MESSAGE)
         update = bodies.body(ns, stored.resource_version, keep=stored)
         await self._send(lambda api: api.replace(SECRETS, update, namespace=ns, name=name))

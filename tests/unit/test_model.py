@@ -650,7 +650,6 @@ def test_content_hash_ignores_order_and_its_own_annotation() -> None:
         pytest.param({"labels": {"l": "2"}}, id="label"),
         pytest.param({"labels": {}}, id="label-removed"),
         pytest.param({"annotations": {"x": "2"}}, id="annotation"),
-        pytest.param({"immutable": True}, id="immutable"),
     ],
 )
 def test_content_hash_changes_with_content(change: dict[str, Any]) -> None:
@@ -712,7 +711,6 @@ def test_parse_copy_observed_hash_is_the_content_of_what_is_stored() -> None:
         pytest.param({"data": {}}, id="data-emptied"),
         pytest.param({"data": {"token": b64("t0"), "extra": b64("x")}}, id="key-added"),
         pytest.param({"type_": "kubernetes.io/basic-auth"}, id="type"),
-        pytest.param({"immutable": True}, id="made-immutable"),
         pytest.param({"labels": {"projector.nebari.dev/grant": "other"}}, id="our-label-changed"),
         pytest.param({"labels": {}}, id="our-label-removed"),
         pytest.param({"labels": {"projector.nebari.dev/grant": "g", PREFIX + "x": ""}}, id="ours+"),
@@ -777,12 +775,11 @@ def test_parse_copy_immutable(stored: dict[str, Any], immutable: bool) -> None:
     obj = {**secret_with({"token": b64("t0")}), **stored}
     c = parse_copy(obj)
     assert c.immutable is immutable
-    assert c.observed_hash == content_hash(
+    assert c.observed_hash == content_hash(  # the content, whether or not it was frozen
         "Opaque",
         {"token": b64("t0")},
         own_metadata(obj["metadata"]["labels"]),
         own_metadata(obj["metadata"]["annotations"]),
-        immutable=immutable,
     )
 
 

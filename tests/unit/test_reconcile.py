@@ -83,6 +83,7 @@ DENIED_DELETED = (A.DELETE, R.DENIED)
 REVOKED = (A.DELETE, R.REVOKED)
 RETAINED = (A.NOOP, R.RETAINED)
 CONFLICT = (A.NOOP, R.CONFLICT)
+ORPHAN_CONFLICT = CONFLICT
 GRANT_CONFLICT = (A.NOOP, R.GRANT_CONFLICT)
 NS_MISSING = (A.NOOP, R.NAMESPACE_MISSING)
 TERMINATING = (A.NOOP, R.TERMINATING)
@@ -98,6 +99,9 @@ G_RETAIN = make_grant(on_revoke=OnRevoke.RETAIN)
 S = make_source()
 S_OLD = make_source(data={"token": b64("t-old"), "url": b64("http://hub")})
 DEAD_G = make_grant(uid="uid-g-deleted-last-week")
+DEAD_RETAINING = make_grant(uid="uid-g-deleted-retaining", on_revoke=OnRevoke.RETAIN)
+S_ELSEWHERE = make_source("elsewhere")
+"""Another source with the same name: its copies land at the same target name."""
 """An earlier grant of the same name: its uid belongs to no live grant."""
 OLD_RIVAL = make_grant("r", created=T_OLD)
 YOUNG_RIVAL = make_grant("y", created=T1)
@@ -592,11 +596,26 @@ CASES = [
     ),
     pytest.param(
         Case(
-            {"a": IN_SYNC, "c": RETAINED},
+            {"a": IN_SYNC, "c": REVOKED},
             grant=make_grant(namespaces=("a",), on_revoke=RETAIN),
             copies=(ours("a"), ours("c", grant=DEAD_G)),
         ),
-        id="orphan-untargeted-on-revoke-retain",
+        id="orphan-untargeted-follows-its-recorded-delete-not-the-grants-retain",
+    ),
+    pytest.param(
+        Case(
+            {"a": CREATED, "c": RETAINED},
+            grant=make_grant(namespaces=("a",), on_revoke=DELETE),
+            copies=(ours("c", grant=DEAD_RETAINING, source=S_ELSEWHERE),),
+        ),
+        id="grant-name-reused-retained-orphan-of-another-source-kept",
+    ),
+    pytest.param(
+        Case(
+            {"a": ORPHAN_CONFLICT, "b": CREATED},
+            copies=(ours("a", grant=DEAD_G, source=S_ELSEWHERE),),
+        ),
+        id="orphan-of-another-source-at-a-wanted-place-not-adopted",
     ),
     pytest.param(
         Case(
@@ -846,13 +865,14 @@ CASES = [
         Case({"a": COPY_DELETING, "b": CREATED}, copies=(ours("a", source=S_OLD, deleting=True),)),
         id="copy-being-deleted-waits",
     ),
-    # -- someone made a copy immutable: the API refuses updates, so delete and create -----------
+    # -- someone made a copy immutable: left alone while in sync (a replace leaves consumers
+    # without it for a moment); once it must change, the API refuses updates: delete and create
     pytest.param(
         Case(
-            {"a": REPLACED, "b": REPLACED},
+            {"a": IN_SYNC, "b": REPLACED},
             copies=(ours("a", immutable=True), ours("b", source=S_OLD, immutable=True)),
         ),
-        id="immutable-copy-replaced",
+        id="immutable-copy-in-sync-kept-stale-replaced",
     ),
     pytest.param(
         Case(
@@ -1299,7 +1319,7 @@ def test_replace_names_both_types() -> None:
 
 def test_replace_of_an_immutable_copy_says_so() -> None:
     d = desired_of(G, S)
-    frozen = copy_from(d, "a", immutable=True)
+    frozen = copy_from(desired_of(G, S_OLD), "a", immutable=True)
     assert frozen.immutable
     p = plan(make_snapshot(G, S, namespaces=namespaces("a"), copies=[frozen]))
     step = step_in(p, "a")
@@ -1462,7 +1482,7 @@ D_EXTRA = desired_of(make_grant(labels={"team": "data"}, annotations={"note": "x
         ),
         pytest.param(copy_from(D_EXTRA, "a", data={"token": b64("x")}), False, id="data"),
         pytest.param(copy_from(D_EXTRA, "a", type_="example.com/x"), False, id="type"),
-        pytest.param(copy_from(D_EXTRA, "a", immutable=True), False, id="immutable"),
+        pytest.param(copy_from(D_EXTRA, "a", immutable=True), True, id="immutable-same-content"),
         pytest.param(
             copy_from(desired_of(G, S), "a", labels={"team": "data"}, annotations={"note": "x"}),
             False,
@@ -1935,16 +1955,21 @@ def owner_of(copy: Copy) -> str | None:
 
 
 def may_overwrite(snap: Snapshot, copy: Copy) -> bool:
-    """Ours to write: our uid; an orphan of our name (a non-empty uid of no live grant); or
-    the copy of a younger live grant that still wants it there. Never anything else."""
+    """Ours to write: our uid; an orphan of our name (a non-empty uid of no live grant) that we
+    would write the same (same source and name); or the copy of a younger live grant that still
+    wants it there. Never anything else."""
     g, owner = snap.grant, owner_of(copy)
     assert g is not None
     if not owner:
         return False
     if owner == g.uid:
         return True
-    if owner not in snap.live_grant_uids:
-        return copy.labels.get(GRANT_LABEL) == g.name
+    if owner not in snap.live_grant_uids:  # an orphan: only the very copy this grant writes
+        return (
+            copy.labels.get(GRANT_LABEL) == g.name
+            and copy.key.name == g.target_name
+            and copy.annotations.get(SOURCE_ANNOTATION) == str(g.source)
+        )
     return any(
         r.uid == owner and r.seniority > g.seniority and rival_wants(snap, r, copy.key.namespace)
         for r in snap.rivals
@@ -2031,3 +2056,12 @@ def test_grant_extra_values_are_not_in_the_core_hash() -> None:
     one, two = make_grant(labels={"x": "1"}), make_grant(labels={"x": "2"})
     assert desired_of(one, S).core_hash == desired_of(two, S).core_hash
     assert desired_of(one, S).hash != desired_of(two, S).hash
+
+
+def test_no_secret_value_in_a_repr() -> None:
+    """A value must not leak through a log line or an exception that formats these objects."""
+    source = make_source(data={"token": b64("repr-canary")})
+    desired = desired_of(G, source)
+    for obj in (source, desired, plan(make_snapshot(G, source, namespaces=namespaces("a")))):
+        text = repr(obj)
+        assert b64("repr-canary") not in text and "repr-canary" not in text
