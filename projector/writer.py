@@ -70,6 +70,9 @@ def _transient(e: BaseException) -> bool:
     return isinstance(e, ApiError) and e.transient and not isinstance(e, Conflict)
 
 
+MAX_MESSAGE = 200
+"""Of the API server's message, kept in status.failures (it names quotas and policies)."""
+
 _RESULTS = {Reason.WRITE_FAILED: WriteResult.ERROR, Reason.CONFLICT: WriteResult.CONFLICT}
 
 
@@ -131,7 +134,12 @@ class Writer:
         writes = plan.writes
         if writes:
             bodies = _Bodies(plan.desired) if plan.desired is not None else None
-            outcomes.extend(await asyncio.gather(*(self._run(plan, s, bodies) for s in writes)))
+            try:  # one write that fails unexpectedly (a fence, a bug) cancels its siblings
+                async with asyncio.TaskGroup() as tg:
+                    tasks = [tg.create_task(self._run(plan, s, bodies)) for s in writes]
+            except BaseExceptionGroup as group:
+                raise group.exceptions[0] from None
+            outcomes.extend(t.result() for t in tasks)
         return outcomes
 
     async def _run(self, plan: Plan, step: Step, bodies: _Bodies | None) -> Outcome:
@@ -145,9 +153,10 @@ class Writer:
                 ):
                     with attempt:
                         outcome = await self._write(plan, step, bodies)
-            except ApiError as e:
+            except ApiError as e:  # the server's own words (quota, admission), never a value
+                said = f": {e.message[:MAX_MESSAGE]}" if e.message else ""
                 outcome = Outcome(
-                    step, Reason.WRITE_FAILED, f"{step.action.value}: {e.status} {e.reason}"
+                    step, Reason.WRITE_FAILED, f"{step.action.value}: {e.status} {e.reason}{said}"
                 )
             self._metrics.write(step.action, _RESULTS.get(outcome.reason, WriteResult.OK))
             return outcome
