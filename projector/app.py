@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+import time
 from collections.abc import Sequence
 
 import structlog
@@ -82,10 +83,20 @@ async def run(
     tasks: list[asyncio.Task[None]] = []
 
     def alive() -> bool:
-        """Every informer, the elector and the workers still run (a blocked loop cannot answer)."""
-        return all(not t.done() for t in tasks)
+        """Every task runs, and no informer has failed longer than `informer_dead_after`.
 
-    runner = web.AppRunner(http_app(metrics, alive=alive, ready=store.synced), access_log=None)
+        Such an informer's RBAC or CRD is gone for good; a blocked event loop cannot answer.
+        """
+        now = time.monotonic()
+        limit = cfg.informer_dead_after
+        dead = any(i.failing_since and now - i.failing_since > limit for i in informers)
+        return not dead and all(not t.done() for t in tasks)
+
+    def ready() -> bool:
+        """Every cache has synced and none is known to be behind the server right now."""
+        return store.synced() and store.healthy()
+
+    runner = web.AppRunner(http_app(metrics, alive=alive, ready=ready), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, cfg.http_host, cfg.http_port)
     await site.start()

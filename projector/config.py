@@ -53,6 +53,8 @@ class Config:
     """This replica's identity in the Lease and in its User-Agent; default hostname (the pod)."""
     lease: Timings = field(default_factory=Timings)
     log_level: str = "info"
+    informer_dead_after: float = 120.0
+    """Seconds of unbroken list/watch failure after which /healthz fails (the pod restarts)."""
     conflict_recheck: float = 60.0
     """How often a grant with conflicts looks again (the blocking object is not cached)."""
 
@@ -111,6 +113,12 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         p.add_argument(f"--{flag}", type=seconds, default=seconds(env), help="e.g. 15s")
     p.add_argument("--id", default=_env("ID", "") or socket.gethostname())
     p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level))
+    p.add_argument(
+        "--informer-dead-after",
+        type=seconds,
+        default=seconds(_env("INFORMER_DEAD_AFTER", f"{d.informer_dead_after:g}s")),
+        help="unbroken list/watch failure after which /healthz fails, e.g. 120s",
+    )
     a = p.parse_args(argv)
     if a.workers < 1 or a.write_concurrency < 1:
         p.error("--workers and --write-concurrency must be at least 1")
@@ -137,4 +145,5 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         id=a.id,
         lease=lease,
         log_level=a.log_level,
+        informer_dead_after=a.informer_dead_after,
     )

@@ -34,8 +34,9 @@ from projector.writer import Writer
 
 log = structlog.get_logger("projector")
 
-UNHEALTHY_RETRY = 0.5
-"""Seconds before a key that found a cache behind the server is tried again."""
+UNHEALTHY_RETRY_MAX = 5.0
+"""Cap of the backoff of a key that found a cache behind the server: the cache, not the grant,
+is what failed, so its grants must not wait minutes once it recovers."""
 
 
 class Controller:
@@ -112,7 +113,7 @@ class Controller:
                 self.queue.forget(name)
                 self.queue.add_after(name, self.config.conflict_recheck)
             elif result is Result.UNHEALTHY:
-                self.queue.add_after(name, UNHEALTHY_RETRY)
+                self.queue.add_rate_limited(name, cap=UNHEALTHY_RETRY_MAX)
             else:
                 self.queue.forget(name)
             self.metrics.reconciled(result)
@@ -138,16 +139,21 @@ class Controller:
             self.store.want(name, plan.desired)
             outcomes = await self.writer.execute(plan)
             self.metrics.observe(plan, outcomes, since, time.monotonic())
+            verdict = status.verdict(plan, outcomes)
             if rec is not None:
-                events = status.events(outcomes, rec.status)
-                await self._report(rec, status.compute(plan, outcomes), events)
+                retry = None
+                if verdict is Result.ERROR:  # the backoff the queue will apply, shown in status
+                    attempt = self.queue.num_requeues(name)
+                    retry = (attempt + 1, self.queue.backoff(attempt))
+                new = status.compute(plan, outcomes, retry=retry)
+                await self._report(rec, new, status.events(outcomes, rec.status))
             else:
                 self.metrics.grant_ready(name, None)  # the grant is gone: it no longer counts
             self.metrics.reconcile_duration.observe(time.monotonic() - started)
             written = Counter(o.step.action.value for o in outcomes if o.written)
             if written:
                 log.info("reconciled", writes=dict(written), source=plan.source_state.value)
-            return status.verdict(plan, outcomes)
+            return verdict
 
     async def _report(
         self, rec: GrantRecord, new: dict[str, Any], events: list[status.Event]

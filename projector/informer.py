@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
@@ -54,6 +55,8 @@ class Informer(Generic[K, T]):
         self._timeout_seconds = timeout_seconds
         self._read_deadline = read_deadline
         self.resource_version = ""
+        self.failing_since: float | None = None
+        """Monotonic time since which every list or watch has failed (None: it works)."""
 
     @property
     def name(self) -> str:
@@ -135,6 +138,7 @@ class Informer(Generic[K, T]):
                     async for kind, obj in events:
                         healthy.set()
                         delay = 0.0
+                        self.failing_since = None
                         if kind == "OPEN":
                             continue
                         if kind == "BOOKMARK":
@@ -150,6 +154,8 @@ class Informer(Generic[K, T]):
                 need_list = True
             except ApiError as e:
                 healthy.clear()
+                if self.failing_since is None:
+                    self.failing_since = time.monotonic()
                 delay = min(self._backoff[1], max(self._backoff[0], delay * 2))
                 log.warning(
                     "watch failed; retrying",

@@ -188,15 +188,23 @@ class WorkQueue(Generic[K]):
             return True
         return False
 
-    def add_rate_limited(self, key: K) -> None:
-        """Retry ``key`` after its exponential backoff, so a failing key cannot hot-loop."""
+    def add_rate_limited(self, key: K, cap: float | None = None) -> float:
+        """Retry ``key`` after its exponential backoff, so a failing key cannot hot-loop.
+
+        ``cap`` bounds this delay below ``backoff_max`` (a retry that waits on a cache, not on
+        the key itself). Returns the delay, or 0 after shutdown.
+        """
         if self._shutting_down:
             self._emit("dropped", key)
-            return
+            return 0.0
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
         self._emit("retried", key)
-        self.add_after(key, self.backoff(failures))
+        delay = self.backoff(failures)
+        if cap is not None:
+            delay = min(delay, cap)
+        self.add_after(key, delay)
+        return delay
 
     def backoff(self, failures: int) -> float:
         """Return the rate-limited delay after ``failures`` earlier failures."""
@@ -295,6 +303,10 @@ class WorkQueue(Generic[K]):
     def __len__(self) -> int:
         """Return the number of ready keys (the queue depth)."""
         return len(self._queue)
+
+    def failing(self) -> int:
+        """Return the number of keys with failures not yet forgotten (backing off)."""
+        return len(self._failures)
 
     def waiting(self) -> int:
         """Return the number of keys waiting for a deadline (debounce, delay or backoff)."""

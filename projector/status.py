@@ -91,8 +91,14 @@ def is_ready(status: Mapping[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in status["conditions"])
 
 
-def compute(plan: Plan, outcomes: Sequence[Outcome]) -> dict[str, Any]:
-    """Summarise outcomes into status: conditions, counts and a bounded failures list."""
+def compute(
+    plan: Plan, outcomes: Sequence[Outcome], *, retry: tuple[int, float] | None = None
+) -> dict[str, Any]:
+    """Summarise outcomes into status: conditions, counts and a bounded failures list.
+
+    `retry` (attempt, seconds) is the backoff the work queue applies next, told in Ready's
+    message so an operator sees a failing grant slowing down rather than hot-looping.
+    """
     grant = plan.grant
     generation = grant.generation if grant else 0
     counts = Counter(o.reason for o in outcomes)
@@ -127,6 +133,8 @@ def compute(plan: Plan, outcomes: Sequence[Outcome]) -> dict[str, Any]:
         ready, reason, message = False, Reason.DENIED.value, "the producer exports to none"
     else:
         ready, reason, message = True, Reason.PROJECTED.value, f"projected to {projected}"
+    if retry is not None:
+        message = f"{message}; retry {retry[0]} in {retry[1]:.3g} s"
     conditions = [
         _condition("Ready", ready, reason, message, generation),
         _condition("SourceAvailable", source_ok, source_reason, source_msg, generation),

@@ -75,6 +75,11 @@ class Metrics:
         self.queue_processing = Gauge(
             "projector_queue_processing", "Keys being reconciled now.", registry=r
         )
+        self.queue_backoff = Gauge(
+            "projector_queue_backoff_keys",
+            "Grants retrying with exponential backoff after a failed reconcile.",
+            registry=r,
+        )
         self.queue_events = Counter(
             "projector_queue_events_total",
             "Queue adds, coalesced adds and retries.",
@@ -224,6 +229,7 @@ class Metrics:
         self.queue_depth.set_function(lambda: len(queue))
         self.queue_waiting.set_function(queue.waiting)
         self.queue_processing.set_function(lambda: len(queue.processing))
+        self.queue_backoff.set_function(queue.failing)
 
     def on_request(self, verb: str, resource: str, code: int) -> None:
         """Kube's request hook."""

@@ -120,3 +120,24 @@ def test_one_namespace_refusing_its_copy_stays_local_and_is_reported(
     finally:
         admission.delete_validating_admission_policy_binding(mark)
         admission.delete_validating_admission_policy(mark)
+
+
+def test_probes_tell_a_dead_informer_and_recover_with_it(
+    start_controller: Any, rbac_v1: client.RbacAuthorizationV1Api, admin_client: client.ApiClient
+) -> None:
+    """Without the right to list namespaces, the controller is never Ready and, past
+    --informer-dead-after, not Live either (its pod would restart); with it back, both recover."""
+    role = rbac_v1.read_cluster_role("projector")
+    rules = role.rules or []
+    without = [r for r in rules if "namespaces" not in (r.resources or [])]
+    assert len(without) == len(rules) - 1
+    as_json = admin_client.sanitize_for_serialization
+    rbac_v1.patch_cluster_role("projector", {"rules": as_json(without)})
+    try:
+        ctl = start_controller("--informer-dead-after=2s", wait_ready=False)
+        eventually(lambda: ctl.get("/healthz")[0] == 503, timeout=30)
+        assert ctl.get("/readyz")[0] == 503
+    finally:
+        rbac_v1.patch_cluster_role("projector", {"rules": as_json(rules)})
+    eventually(lambda: ctl.get("/readyz")[0] == 200, timeout=60)
+    assert ctl.get("/healthz")[0] == 200

@@ -79,6 +79,9 @@ async def test_failed_writes_are_retried_with_backoff_and_reported() -> None:
     assert await ctl.reconcile("g") is Result.ERROR
     assert condition(api) == ("False", "WriteFailed")
     assert ctl.metrics.writes.labels("Create", "error")._value.get() == 1
+    status: Any = api.get_object(GRANTS, "", "g")
+    ready = next(c for c in status["status"]["conditions"] if c["type"] == "Ready")
+    assert "retry 1 in" in ready["message"]  # the backoff the queue applies next
 
 
 async def test_an_unreadable_source_is_retried_and_deletes_nothing() -> None:

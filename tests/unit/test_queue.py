@@ -654,3 +654,13 @@ class QueueMachine(RuleBasedStateMachine):
 
 
 TestQueueModel = QueueMachine.TestCase
+
+
+def test_a_capped_retry_backs_off_no_further_than_its_cap() -> None:
+    clock = FakeClock()
+    q: WorkQueue[str] = WorkQueue(backoff_base=1.0, backoff_max=300.0, clock=clock)
+    delays = [q.add_rate_limited("k", cap=5.0) for _ in range(6)]
+    assert delays == [1.0, 2.0, 4.0, 5.0, 5.0, 5.0]
+    assert q.failing() == 1
+    q.forget("k")
+    assert q.failing() == 0

@@ -538,3 +538,10 @@ def test_first_projection_status_and_events() -> None:
     assert status["targets"] == {"matched": 3, "projected": 3, "conflicted": 0, "denied": 0}
     assert conditions(status)["Ready"] == OK_TRUE
     assert evs == [Event("Normal", "Created", "created 3 copies")]
+
+
+def test_a_failing_grant_tells_its_backoff() -> None:
+    new = compute(a_plan(matched=1), [outcome("a", R.WRITE_FAILED)], retry=(3, 0.04))
+    assert conditions(new)["Ready"] == ("False", "WriteFailed")
+    ready = next(c for c in new["conditions"] if c["type"] == "Ready")
+    assert ready["message"].endswith("; retry 3 in 0.04 s")
