@@ -146,6 +146,22 @@ def copy_is(k8s: Cluster, consumer: str, value: str) -> Callable[[], bool]:
     return lambda: k8s.copy_data(consumer, "hub") == {"token": value}
 
 
+def leader_and_standby(
+    replicas: Replicas,
+    holder: Callable[[], str],
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    *extra: str,
+) -> tuple[str, str, str, str]:
+    """A leader that has projected, and a ready standby: (leader, standby, source ns, consumer)."""
+    first = replicas.start(*extra)
+    eventually(lambda: holder() == first, timeout=LEASE_S + 10)
+    second = replicas.start(*extra)
+    src, consumer = projection(k8s, make_namespace)
+    eventually(copy_is(k8s, consumer, f"ha-canary-{src}-0"))
+    return first, second, src, consumer
+
+
 def test_three_replicas_have_exactly_one_leader_and_all_are_ready(
     replicas: Replicas, holder: Callable[[], str], k8s: Cluster, make_namespace: NamespaceFactory
 ) -> None:
@@ -165,11 +181,7 @@ def test_three_replicas_have_exactly_one_leader_and_all_are_ready(
 def test_kill_9_of_the_leader_hands_over_within_the_lease_duration_and_2_s(
     replicas: Replicas, holder: Callable[[], str], k8s: Cluster, make_namespace: NamespaceFactory
 ) -> None:
-    first = replicas.start()
-    eventually(lambda: holder() == first, timeout=LEASE_S + 10)
-    second = replicas.start()
-    src, consumer = projection(k8s, make_namespace)
-    eventually(copy_is(k8s, consumer, f"ha-canary-{src}-0"))
+    first, second, src, consumer = leader_and_standby(replicas, holder, k8s, make_namespace)
     assert replicas.by_id[first].stop(signal.SIGKILL) == -signal.SIGKILL
     killed = time.monotonic()
     value = update(k8s, src, 1)
@@ -180,11 +192,7 @@ def test_kill_9_of_the_leader_hands_over_within_the_lease_duration_and_2_s(
 def test_sigterm_releases_the_lease_and_a_standby_projects_within_3_s(
     replicas: Replicas, holder: Callable[[], str], k8s: Cluster, make_namespace: NamespaceFactory
 ) -> None:
-    first = replicas.start()
-    eventually(lambda: holder() == first, timeout=LEASE_S + 10)
-    second = replicas.start()
-    src, consumer = projection(k8s, make_namespace)
-    eventually(copy_is(k8s, consumer, f"ha-canary-{src}-0"))
+    first, second, src, consumer = leader_and_standby(replicas, holder, k8s, make_namespace)
     signalled = time.monotonic()
     assert replicas.by_id[first].stop() == 0
     assert "lease released" in replicas.by_id[first].logs()
@@ -203,11 +211,7 @@ def test_a_frozen_leader_that_lost_its_lease_writes_nothing_when_it_wakes_and_ex
     # A long debounce keeps a change queued in the old leader while it is frozen, so that it
     # has a write to want when it wakes.
     slow = ("--debounce=1", "--debounce-max=1")
-    old = replicas.start(*slow)
-    eventually(lambda: holder() == old, timeout=LEASE_S + 10)
-    new = replicas.start(*slow)
-    src, consumer = projection(k8s, make_namespace)
-    eventually(copy_is(k8s, consumer, f"ha-canary-{src}-0"))
+    old, new, src, consumer = leader_and_standby(replicas, holder, k8s, make_namespace, *slow)
     value = update(k8s, src, 1)
     frozen = replicas.by_id[old]
     os.kill(frozen.proc.pid, signal.SIGSTOP)
