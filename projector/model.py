@@ -142,6 +142,9 @@ class Source:
     """base64 values exactly as the API returned them; never logged (not even in a repr)."""
     export_to: tuple[str, ...]
     """Patterns from the export-to annotation; empty means nobody."""
+    ignored_export_to: tuple[str, ...] = ()
+    """Entries of the annotation that are neither a namespace name nor a glob (`-foo`, `!foo`):
+    they match nothing, and the grant's status says so rather than ignore them silently."""
 
     def exports_to(self, namespace: str) -> bool:
         """Tell whether the producer allows a copy in `namespace` (default deny)."""
@@ -220,11 +223,20 @@ def _strings(value: object, what: str, grant: str) -> list[str]:
     return value
 
 
+_EXPORT_PATTERN = re.compile(r"[a-z0-9*?\[][-a-z0-9*?\[\]]*")
+"""A namespace name, or a shell glob over namespace names (no negation: `!` is refused)."""
+
+
 def parse_export_to(value: str | None) -> tuple[str, ...]:
     """Split the producer's export-to annotation; missing or blank means nobody."""
     if not value:
         return ()
     return tuple(p for p in (part.strip() for part in value.split(",")) if p)
+
+
+def invalid_export_to(patterns: tuple[str, ...]) -> tuple[str, ...]:
+    """The entries that can never match a namespace, as written (reported, never guessed at)."""
+    return tuple(p for p in patterns if _EXPORT_PATTERN.fullmatch(p) is None)
 
 
 def parse_grant(obj: Mapping[str, Any]) -> Grant:
@@ -309,12 +321,14 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
 def parse_source(obj: Mapping[str, Any]) -> Source:
     """Parse a contract Secret as cached: content kept, since copies are built from it."""
     meta = obj["metadata"]
+    export_to = parse_export_to((meta.get("annotations") or {}).get(EXPORT_TO_ANNOTATION))
     return Source(
         key=ObjectKey(meta["namespace"], meta["name"]),
         uid=Uid(meta.get("uid", "")),
         type=obj.get("type") or "Opaque",
         data=dict(obj.get("data") or {}),
-        export_to=parse_export_to((meta.get("annotations") or {}).get(EXPORT_TO_ANNOTATION)),
+        export_to=export_to,
+        ignored_export_to=invalid_export_to(export_to),
     )
 
 

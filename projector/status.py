@@ -123,6 +123,10 @@ def compute(
             ),
             SourceState.UNKNOWN: "the source Secret could not be read",
         }[plan.source_state]
+    source = plan.snapshot.source
+    if source is not None and source.ignored_export_to:
+        ignored = ", ".join(source.ignored_export_to)[:200]
+        source_msg = f"{source_msg}; export-to entries that match no namespace: {ignored}"
     if not source_ok:
         ready, reason, message = False, source_reason, source_msg
     elif errors:

@@ -21,6 +21,7 @@ from projector.model import (
     OnRevoke,
     OnSourceDeleted,
     content_hash,
+    invalid_export_to,
     marked_by_projector,
     own_metadata,
     parse_copy,
@@ -857,3 +858,16 @@ def test_parse_copy_defaults() -> None:
 
 def test_parse_copy_deleting() -> None:
     assert parse_copy(secret_with({}, deleting=True)).deleting is True
+
+
+@pytest.mark.parametrize(
+    ("value", "ignored"),
+    [
+        pytest.param("dask-gateway,team-*,*,ns-[ab]?", (), id="names-and-globs"),
+        pytest.param("-foo,!bar,Team,a b,ok", ("-foo", "!bar", "Team", "a b"), id="refused"),
+    ],
+)
+def test_export_to_entries_that_match_no_namespace_are_named(
+    value: str, ignored: tuple[str, ...]
+) -> None:
+    assert invalid_export_to(parse_export_to(value)) == ignored

@@ -545,3 +545,12 @@ def test_a_failing_grant_tells_its_backoff() -> None:
     assert conditions(new)["Ready"] == ("False", "WriteFailed")
     ready = next(c for c in new["conditions"] if c["type"] == "Ready")
     assert ready["message"].endswith("; retry 3 in 0.04 s")
+
+
+def test_ignored_export_to_entries_are_reported() -> None:
+    source = make_source(export_to=("a", "!b", "-c"))
+    source = dataclasses.replace(source, ignored_export_to=("!b", "-c"))
+    p = plan(make_snapshot(G, source, namespaces=namespaces("a")))
+    new = compute(p, executed(p))
+    available = next(c for c in new["conditions"] if c["type"] == "SourceAvailable")
+    assert available["message"].endswith("export-to entries that match no namespace: !b, -c")
