@@ -198,6 +198,7 @@ class Cluster:
         self.canaries = canaries
         self.prefix = prefix
         self.grants: list[str] = []
+        self.last_status: dict[str, dict[str, Any]] = {}
 
     # -- sources ---------------------------------------------------------------------------------
 
@@ -294,8 +295,13 @@ class Cluster:
         self.custom.patch_cluster_custom_object(GROUP, VERSION, PLURAL, name, patch)
 
     def delete_grant(self, name: str) -> None:
-        with contextlib.suppress(client.ApiException):
+        """Delete a grant (already gone is fine), keeping its last status for the canary scan."""
+        try:
+            self.last_status[name] = self.status(name)
             self.custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
 
     def status(self, name: str) -> dict[str, Any]:
         return self.get_grant(name).get("status") or {}
@@ -327,10 +333,16 @@ class Cluster:
         return None if s is None else decode(s.data or {})
 
     def scan(self) -> None:
-        """No canary in any test grant's status or Events."""
-        for g in self.grants:
-            with contextlib.suppress(client.ApiException):
-                self.canaries.assert_absent(f"status of {g}", json.dumps(self.status(g)))
+        """No canary in any test grant's status (a deleted grant's last one) or Events."""
+        for g in dict.fromkeys(self.grants):
+            try:
+                statuses = [self.status(g)]
+            except client.ApiException as e:
+                if e.status != 404:
+                    raise
+                statuses = []
+            statuses.append(self.last_status.get(g, {}))
+            self.canaries.assert_absent(f"status of {g}", json.dumps(statuses))
             text = json.dumps([(e.reason, e.message) for e in self.events(g)])
             self.canaries.assert_absent(f"events of {g}", text)
 

@@ -8,12 +8,13 @@ namespace, or by `namespace/name` for a Secret other than the grant's target nam
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
-from hypothesis import Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from projector.model import (
@@ -1987,12 +1988,34 @@ def may_delete(snap: Snapshot, copy: Copy) -> bool:
     )
 
 
-@FAST
-@given(snapshots())
-def test_property_plan_is_safe(snap: Snapshot) -> None:
+@pytest.fixture
+def kinds_of_plans() -> Iterator[Counter[str]]:
+    """What the generated worlds made the planner do, checked once every example has run: a
+    safety property over worlds that never write, delete or conflict would pass vacuously."""
+    seen: Counter[str] = Counter()
+    yield seen
+    n = seen["examples"]
+    assert n >= 100, seen
+    for kind, share in (("writes", 0.5), ("creates", 0.4), ("updates", 0.1), ("deletes", 0.05)):
+        assert seen[kind] >= share * n, f"only {seen[kind]} of {n} worlds had {kind}: {seen}"
+    assert seen["conflicts"] >= 0.1 * n, seen
+
+
+@settings(FAST, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(snap=snapshots())
+def test_property_plan_is_safe(snap: Snapshot, kinds_of_plans: Counter[str]) -> None:
     """Whatever the world, data lands only where admin and producer agree, and no delete
     touches another live grant's copy or happens on an unknown source; plans converge."""
     p = plan(snap)
+    actions = {s.action for s in p.writes}
+    kinds_of_plans.update(
+        ["examples"]
+        + (["writes"] if p.writes else [])
+        + (["creates"] if A.CREATE in actions else [])
+        + (["updates"] if A.UPDATE in actions or A.REPLACE in actions else [])
+        + (["deletes"] if A.DELETE in actions else [])
+        + (["conflicts"] if any(s.reason is R.CONFLICT for s in p.steps) else [])
+    )
     check_steps(snap, p)
     allowed = allowed_namespaces(snap)
     live_grant = snap.grant is not None and not snap.grant.deleting
