@@ -474,10 +474,15 @@ class Process:
         """True while the process group id ``pid`` is this process's (see signal())."""
         return self.popen.returncode is None if self.popen is not None else self.alive()
 
-    def reap(self) -> None:
-        """Collect an exited child's status (only then is its pid free for reuse)."""
-        if self.popen is not None and self.popen.returncode is None and not self.alive():
-            self.popen.wait()
+    def reap(self, timeout: float = 5.0) -> None:
+        """Collect a child's status once it exits (only then is its pid free for reuse).
+
+        Called after SIGKILL: a killed process may still be on its way out (not yet a zombie),
+        so wait for it, boundedly, rather than leave its status uncollected.
+        """
+        if self.popen is not None and self.popen.returncode is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout)
 
 
 def stop_processes(
@@ -544,6 +549,7 @@ class ControlPlane:
         self.die_with_parent = die_with_parent
         self.extra_args = {name: list(args) for name, args in (extra_args or {}).items()}
         self.processes: dict[str, Process] = {}
+        self._args: dict[str, list[str]] = {}  # each server's flags, for restart_apiserver()
         self.failed_attempts: list[str] = []  # of the last start(), each with its logs' tails
         self.server = ""
         self.etcd_url = ""
@@ -707,6 +713,18 @@ class ControlPlane:
             with contextlib.suppress(OSError):  # root may be gone already: nothing to record
                 self._write_state()
 
+    @contextlib.contextmanager
+    def apiserver_down(self) -> Iterator[None]:
+        """Stop kube-apiserver (etcd keeps the data) for the body, then start it again on the
+        same port with the same flags and wait for /readyz: an outage, for fault tests."""
+        stop_processes([self.processes[APISERVER]])
+        try:
+            yield
+        finally:
+            self._spawn(APISERVER, self._args[APISERVER])
+            self._write_state()
+            self._wait_for(APISERVER, f"{self.server}/readyz", tls=True)
+
     def running(self) -> bool:
         """True if every recorded process is alive and the API server answers /readyz."""
         return (
@@ -846,6 +864,7 @@ class ControlPlane:
         stat = proc_stat(popen.pid)  # our unreaped child: its /proc entry exists even if it died
         start_ticks = None if stat is None else stat.start_ticks
         self.processes[name] = Process(name, exe, popen.pid, log, start_ticks, popen)
+        self._args[name] = args
 
     def _wait_for(self, name: str, url: str, *, tls: bool) -> None:
         """Poll a health URL until it is healthy, failing fast if a process exits.
