@@ -47,9 +47,6 @@ async def run(
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    kube = await Kube.connect(
-        cfg.kubeconfig, qps=cfg.qps, burst=cfg.burst, on_request=metrics.on_request, identity=cfg.id
-    )
     elector: Elector | None = None
     lease_api: Kube | None = None
     if cfg.leader_elect:  # its own session, outside the write rate limit: renewals never queue
@@ -59,6 +56,15 @@ async def run(
         elector = Elector(
             lease_api, namespace=cfg.namespace, identity=cfg.id, metrics=metrics, timings=cfg.lease
         )
+    fence = elector.valid_for if elector is not None else None
+    kube = await Kube.connect(
+        cfg.kubeconfig,
+        qps=cfg.qps,
+        burst=cfg.burst,
+        on_request=metrics.on_request,
+        identity=cfg.id,
+        fence=fence,
+    )
     store = Store(kube)
     informers = [Informer(kube, c, on_event=metrics.on_informer_event) for c in store.caches]
     queue: WorkQueue[str] = WorkQueue(
@@ -69,7 +75,7 @@ async def run(
         kube,
         metrics=metrics,
         concurrency=cfg.write_concurrency,
-        fence=elector.check if elector is not None else None,
+        fence=fence,
     )
     controller = Controller(
         store,

@@ -78,8 +78,11 @@ class Kube:
         timeout: float = 30.0,
         on_request: RequestHook | None = None,
         identity: str = "",
+        fence: Callable[[], float] | None = None,
     ) -> None:
         self._auth = auth
+        self._fence = fence
+        """For writes: seconds the lease stays valid (raises `Fenced` when none)."""
         self._server = str(auth.server).rstrip("/")
         self._server_name = getattr(auth, "tls_server_name", None) or None
         self._limit = TokenBucket(qps, burst)
@@ -148,6 +151,11 @@ class Kube:
         url = self._url(res, namespace, name, subresource)
         data = body if body is None or isinstance(body, bytes) else orjson.dumps(body)
         for attempt in (1, 2):
+            timeout = self._timeout
+            if self._fence is not None and method != "GET":
+                # Checked again here, after the rate limit, and no connection may be waited
+                # for past the lease: a write is sent while the lease is valid, or never.
+                timeout = aiohttp.ClientTimeout(total=self._timeout.total, connect=self._fence())
             try:
                 async with self._session.request(
                     method,
@@ -155,7 +163,7 @@ class Kube:
                     params=params,
                     data=data,
                     headers=self._headers(content_type, accept),
-                    timeout=self._timeout,
+                    timeout=timeout,
                     server_hostname=self._server_name,
                 ) as response:
                     status, raw = response.status, await response.read()

@@ -13,7 +13,8 @@ Every replica runs its informers; only the holder of the Lease `projector-leader
   successful renew was *sent*) + `renew_deadline`. Another replica can take over no earlier than
   `lease_duration` after it saw that renew, which is later than the time it was sent; since
   renew_deadline < lease_duration, a replica stops writing before anyone else may start. The
-  writer asks `check()` before every request it sends, so a replica that was frozen (SIGSTOP, a
+  writer and the transport ask `valid_for()` before every write they send (the transport also
+  bounds the wait for a connection by it), so a replica that was frozen (SIGSTOP, a
   long GC pause, a partition) writes nothing when it wakes. Missing the deadline raises `Lost`:
   the process exits non-zero and its pod restarts clean.
 - Release (SIGTERM): clear the holder, so a standby need not wait for the lease to expire.
@@ -78,10 +79,12 @@ class Elector:
         self.leading = asyncio.Event()
         """Set once this replica holds the Lease; never cleared (losing it ends the process)."""
 
-    def check(self) -> None:
-        """The fence: raise `Fenced` unless this replica holds a lease still valid right now."""
-        if not self.leading.is_set() or self._clock() >= self._valid_until:
+    def valid_for(self) -> float:
+        """The fence: seconds this replica's lease stays valid; `Fenced` if it holds none now."""
+        left = self._valid_until - self._clock()
+        if not self.leading.is_set() or left <= 0:
             raise Fenced(f"{self.identity} does not hold a valid lease; write refused")
+        return left
 
     async def run(self) -> None:
         """Acquire the Lease, then keep renewing it; raise `Lost` when it cannot be renewed."""

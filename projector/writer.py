@@ -105,7 +105,7 @@ class Writer:
         concurrency: int = 32,
         attempts: int = 4,
         backoff: tuple[float, float] = (0.05, 2.0),
-        fence: Callable[[], None] | None = None,
+        fence: Callable[[], float] | None = None,
     ) -> None:
         self._api = api
         self._fence = fence
@@ -117,8 +117,9 @@ class Writer:
     async def _send(self, write: Callable[[Api], Awaitable[R]]) -> R:
         """The choke point: every write passes here, and nowhere else.
 
-        The fence (`leader.Elector.check`) is asked right before each request is sent, so a
-        replica whose lease has run out raises `Fenced` instead of writing.
+        The fence (`leader.Elector.valid_for`) is asked first, so a replica whose lease has run
+        out raises `Fenced` instead of writing; the transport asks it again once the request has
+        passed the rate limit, right before it is sent.
         """
         if self._fence is not None:
             self._fence()

@@ -26,16 +26,20 @@ def copies(core: client.CoreV1Api, grant: str) -> dict[str, tuple[str, str]]:
     items = core.list_secret_for_all_namespaces(
         label_selector=f"projector.nebari.dev/grant={grant}"
     ).items
-    return {s.metadata.namespace: (s.metadata.uid, (s.data or {}).get("token", "")) for s in items}
+    return {
+        str(s.metadata.namespace): (str(s.metadata.uid), str((s.data or {}).get("token", "")))
+        for s in items
+    }
 
 
 def all_hold(core: client.CoreV1Api, grant: str, value: str) -> Callable[[], bool]:
     want = b64(value)
-    return lambda: (
-        (c := copies(core, grant))
-        and len(c) == FANOUT
-        and all(token == want for _, token in c.values())
-    )
+
+    def check() -> bool:
+        c = copies(core, grant)
+        return len(c) == FANOUT and all(token == want for _, token in c.values())
+
+    return check
 
 
 def deletes_since(audit_log: Path, since: datetime) -> list[str]:

@@ -42,7 +42,7 @@ async def test_the_first_candidate_creates_the_lease_and_may_write() -> None:
     a = elector(api, "a", clock)
     assert await a._attempt()
     a.leading.set()
-    a.check()
+    a.valid_for()
     assert lease(api)["holderIdentity"] == "a"
     assert lease(api)["leaseTransitions"] == 0
 
@@ -82,7 +82,7 @@ async def test_a_released_lease_is_taken_at_once() -> None:
     await a.release()
     assert lease(api)["holderIdentity"] == ""
     with pytest.raises(Fenced):
-        a.check()
+        a.valid_for()
     assert await b._attempt()
 
 
@@ -90,14 +90,14 @@ async def test_the_fence_closes_at_the_renew_deadline_from_the_last_renewal_sent
     api, clock = FakeApi(), Clock()
     a = elector(api, "a", clock)
     with pytest.raises(Fenced):
-        a.check()  # not leading yet
+        a.valid_for()  # not leading yet
     assert await a._attempt()
     a.leading.set()
     clock.t += T.renew_deadline - 0.01
-    a.check()
+    a.valid_for()
     clock.t += 0.02
     with pytest.raises(Fenced):
-        a.check()
+        a.valid_for()
 
 
 async def test_a_takeover_loses_to_a_renewal_that_lands_between_its_read_and_write() -> None:
@@ -139,4 +139,4 @@ async def test_a_leader_that_cannot_renew_stops_at_its_deadline() -> None:
         task_error = e
     assert isinstance(task_error, Lost)
     with pytest.raises(Fenced):
-        real.check()
+        real.valid_for()

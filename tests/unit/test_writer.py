@@ -236,7 +236,7 @@ async def test_a_closed_fence_refuses_every_write_before_it_is_sent() -> None:
     api = FakeApi()
     api.add(GRANTS, {"metadata": {"name": "g"}})
 
-    def closed() -> None:
+    def closed() -> float:
         raise Fenced("no valid lease")
 
     w = Writer(api, metrics=Metrics(), fence=closed)
