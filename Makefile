@@ -43,15 +43,23 @@ manifests: install helm ## regenerate deploy/install.yaml, deploy/crds, deploy/r
 docs: install ## build the docs site (mkdocs-material, --strict) into .local/site
 	.venv/bin/mkdocs build --strict --site-dir .local/site
 
-# The image recipe needs a container engine; none is faked where there is none.
-ENGINE := $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
+# The image recipe needs a running container engine; where none runs, say so and fail (a docker
+# CLI without a daemon counts as none). CONTAINER_ENGINE=podman picks one explicitly.
 IMAGE ?= projector:dev
-image: ## build the controller image with Docker or Podman (fails clearly where neither exists)
-	@if [ -z "$(ENGINE)" ]; then \
-	  echo "make image: neither docker nor podman is installed here; the image cannot be built on this machine (see README, Image)." >&2; \
+CONTAINER_ENGINE ?=
+image: ## build the controller image with Docker or Podman (fails clearly where neither runs)
+	@engine="$(CONTAINER_ENGINE)"; \
+	if [ -z "$$engine" ]; then \
+	  for e in docker podman; do \
+	    if command -v $$e >/dev/null 2>&1 && timeout 20 $$e info >/dev/null 2>&1; then engine=$$e; break; fi; \
+	  done; \
+	fi; \
+	if [ -z "$$engine" ]; then \
+	  echo "make image: no running Docker or Podman engine on this machine; the image cannot be built here. Run it where one runs (see README, 'The image')." >&2; \
 	  exit 1; \
-	fi
-	$(ENGINE) build -t $(IMAGE) .
+	fi; \
+	echo "make image: building $(IMAGE) with $$engine"; \
+	$$engine build -t $(IMAGE) .
 
 test: install binaries helm lint docs ## everything: lint, docs, unit and integration tests (real API server)
 	$(PY) -m pytest

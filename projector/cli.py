@@ -15,15 +15,18 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from projector import explain as explaining
 from projector import validate as validating
 from projector.api import SECRETS
 from projector.errors import NotFound, ProjectorError
-from projector.kube import Kube
 from projector.model import EXPORT_LABEL, EXPORT_TO_ANNOTATION, ObjectKey, parse_export_to
-from projector.reconcile import plan
-from projector.store import Store
+from projector.reconcile import Action, Plan, plan
+
+if TYPE_CHECKING:  # explain only: `validate` stays offline and quick to start
+    from projector.kube import Kube
+    from projector.store import Store
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -46,6 +49,9 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 async def _explain(args: argparse.Namespace) -> str:
+    from projector.kube import Kube
+    from projector.store import Store
+
     kube = await Kube.connect(args.kubeconfig)
     try:
         store = Store(kube)
@@ -56,13 +62,34 @@ async def _explain(args: argparse.Namespace) -> str:
             if snap.record is None:
                 raise ProjectorError(f"no ProjectionGrant named {args.grant!r}")
             ns = store.namespaces.get(args.namespace) if args.namespace else None
-            r = explaining.report(plan(snap), uids, namespace=args.namespace, namespace_obj=ns)
+            p = plan(snap)
+            r = explaining.report(
+                p,
+                uids,
+                namespace=args.namespace,
+                namespace_obj=ns,
+                blockers=await _blockers(kube, p),
+            )
             return (
                 json.dumps(r.as_dict(), indent=2) if args.output == "json" else explaining.text([r])
             )
         return await _explain_secret(args, kube, store, uids)
     finally:
         await kube.close()
+
+
+async def _blockers(kube: Kube, p: Plan) -> dict[str, dict[str, Any]]:
+    """Metadata of the Secrets that stand where the plan would create a copy (not cached)."""
+    found: dict[str, dict[str, Any]] = {}
+    for step in p.steps:
+        if step.action is not Action.CREATE:
+            continue
+        try:
+            obj = await kube.get(SECRETS, step.name, namespace=step.namespace, metadata_only=True)
+        except NotFound:
+            continue
+        found[step.namespace] = dict(obj.get("metadata") or {})
+    return found
 
 
 async def _explain_secret(

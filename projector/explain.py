@@ -93,14 +93,34 @@ def _conflict_why(step: Step, grants_by_uid: Mapping[str, str]) -> str:
     return f"Secret {where} exists and is not owned by this grant"
 
 
-def entry(plan: Plan, step: Step, grants_by_uid: Mapping[str, str]) -> Entry:
-    """The state of one planned namespace."""
+def entry(
+    plan: Plan,
+    step: Step,
+    grants_by_uid: Mapping[str, str],
+    blockers: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Entry:
+    """The state of one planned namespace.
+
+    `blockers` holds, by namespace, the metadata of a Secret found (by a read after planning)
+    where the plan would create a copy: the controller caches only its own copies, so such a
+    Secret shows up to it as a Conflict at write time; explain names it at once.
+    """
     r, a, ns = step.reason, step.action, step.namespace
     secret = f"{ns}/{step.name}" if step.name else ""
 
     def e(state: str, why: str) -> Entry:
         return Entry(ns, state, r.value, why, secret)
 
+    blocker = (blockers or {}).get(ns)
+    if a is Action.CREATE and blocker is not None:
+        uid = (blocker.get("annotations") or {}).get(GRANT_UID_ANNOTATION)
+        owner = grants_by_uid.get(uid or "")
+        why = (
+            f"Secret {secret} belongs to grant {owner}"
+            if owner
+            else f"Secret {secret} exists and is not owned by this grant"
+        )
+        return Entry(ns, "conflicted", Reason.CONFLICT.value, why, secret)
     if a is not Action.NOOP:
         return e("pending", _PENDING[a] + (f" ({step.message})" if step.message else ""))
     if r is Reason.PROJECTED:
@@ -152,6 +172,7 @@ def report(
     *,
     namespace: str | None = None,
     namespace_obj: Namespace | None = None,
+    blockers: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> GrantReport:
     """Everything `explain GRANT` says about one grant (or one namespace of it)."""
     snap = plan.snapshot
@@ -160,7 +181,7 @@ def report(
     if grant is None:
         invalid = record.invalid if record is not None and record.invalid else "no such grant"
         return GrantReport(snap.grant_name, "", "", "", 0, invalid=invalid)
-    entries = [entry(plan, s, grants_by_uid) for s in plan.steps]
+    entries = [entry(plan, s, grants_by_uid, blockers) for s in plan.steps]
     if namespace is not None:
         entries = [x for x in entries if x.namespace == namespace] or [
             not_targeted(plan, namespace, namespace_obj)

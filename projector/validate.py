@@ -118,17 +118,20 @@ def _field(path: Path_) -> str:
 
 
 def _line(node: yaml.Node, path: Path_) -> int:
-    """The 1-based line of the deepest node of `path` that exists in the YAML."""
+    """The 1-based line of the deepest element of `path` in the YAML (a field's key line)."""
+    line = int(node.start_mark.line)
     for p in path:
-        child: yaml.Node | None = None
         if isinstance(node, yaml.MappingNode):
-            child = next((v for k, v in node.value if k.value == p), None)
+            pair = next(((k, v) for k, v in node.value if k.value == p), None)
+            if pair is None:
+                break
+            line, node = int(pair[0].start_mark.line), pair[1]
         elif isinstance(node, yaml.SequenceNode) and isinstance(p, int) and p < len(node.value):
-            child = node.value[p]
-        if child is None:
+            node = node.value[p]
+            line = int(node.start_mark.line)
+        else:
             break
-        node = child
-    return int(node.start_mark.line) + 1
+    return line + 1
 
 
 def _rules_at(
@@ -194,6 +197,11 @@ def check_document(crd: Crd, doc: Any, node: yaml.Node, file: str) -> list[Error
     for e in sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))):
         path: Path_ = tuple(e.absolute_path)
         bad_places.append(path)
+        if e.validator == "additionalProperties" and isinstance(e.instance, Mapping):
+            declared = e.schema.get("properties", {}) if isinstance(e.schema, Mapping) else {}
+            for extra in sorted(k for k in e.instance if k not in declared):
+                add((*path, extra), "unknown field (the API server would drop it)")
+            continue
         add(path, _schema_message(e))
     for path, value, rule in _rules_at(schema, doc, ()):
         # CEL runs on well-typed values only, as in the API server; the schema error is enough.
@@ -207,8 +215,6 @@ def check_document(crd: Crd, doc: Any, node: yaml.Node, file: str) -> list[Error
 
 
 def _schema_message(e: jsonschema.ValidationError) -> str:
-    if e.validator == "additionalProperties":
-        return f"unknown field ({e.message.split('(')[-1].rstrip(')')})"
     if e.validator == "pattern":
         return f"{e.instance!r} does not match {e.validator_value!r}"
     if e.validator == "enum":
