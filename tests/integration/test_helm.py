@@ -150,7 +150,7 @@ def test_template_non_default_values(helm_bin: Path) -> None:
         ("securityContext.readOnlyRootFilesystem=false", "readOnlyRootFilesystem"),
         ("securityContext.allowPrivilegeEscalation=true", "allowPrivilegeEscalation"),
         ("podSecurityContext.runAsUser=0", "runAsUser"),
-        ("replicaCount=0", "replicaCount"),
+        ("replicaCount=-1", "replicaCount"),
         ("noSuchValue=1", "noSuchValue"),
         ("leaderElection.enabled=false", "replicaCount=1"),
     ],
