@@ -18,6 +18,7 @@ from kubernetes import client
 
 from tests.helm import chart
 from tests.launcher import REPO
+from tests.support import unique_name
 
 ARGOCD = REPO / "deploy" / "argocd"
 
@@ -70,6 +71,8 @@ def test_the_grants_application_is_a_valid_kustomization(
     assert result.returncode == 0, result.stdout + result.stderr
     for f in files:
         for doc in yaml.safe_load_all(f.read_text()):
+            # a fresh name: other tests (the demo) may hold the shipped names right now
+            doc["metadata"]["name"] = unique_name("gitops-dry-run")
             custom_objects.create_cluster_custom_object(
                 "projector.nebari.dev",
                 "v1alpha1",

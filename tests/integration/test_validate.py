@@ -10,12 +10,14 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client
 
 from tests.launcher import REPO
+from tests.support import unique_name
 
 FIXTURES = REPO / "tests" / "fixtures" / "grants"
 GROUP, VERSION, PLURAL = "projector.nebari.dev", "v1alpha1", "projectiongrants"
@@ -117,7 +119,9 @@ def test_a_rule_added_to_the_crd_is_enforced(tmp_path: Path) -> None:
     assert result.returncode == 1 and "spec: not from there" in result.stdout
 
 
-def _server_accepts(custom: client.CustomObjectsApi, doc: dict[str, object]) -> str | None:
+def _server_accepts(custom: client.CustomObjectsApi, doc: dict[str, Any]) -> str | None:
+    """A strict dry-run create under a fresh name (other tests may hold the shipped names)."""
+    doc = {**doc, "metadata": {**doc["metadata"], "name": unique_name("validate-dry-run")}}
     try:
         custom.create_cluster_custom_object(
             GROUP, VERSION, PLURAL, doc, dry_run="All", field_validation="Strict"
