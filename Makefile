@@ -10,7 +10,7 @@ PY := .venv/bin/python
 export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := python3.11
 
-.PHONY: help install binaries test unit integration lint fmt demo bench bench-quick clean
+.PHONY: help install binaries helm manifests docs image test unit integration lint fmt demo bench bench-quick clean
 
 help: ## list the commands
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -34,7 +34,34 @@ install: .venv/.synced ## create .venv from the lock file
 binaries: ## build (or reuse) etcd, kube-apiserver, kube-controller-manager
 	tests/controlplane/build.sh >/dev/null
 
-test: install binaries lint ## everything: lint, unit and integration tests (real API server)
+helm: ## build (or reuse) helm from its Go module (tests/helm/build.sh; cold: ~11 min)
+	tests/helm/build.sh >/dev/null
+
+manifests: install helm ## regenerate deploy/install.yaml, deploy/crds, deploy/rbac, docs/reference from the chart
+	$(PY) -m tests.helm.chart
+
+docs: install ## build the docs site (mkdocs-material, --strict) into .local/site
+	.venv/bin/mkdocs build --strict --site-dir .local/site
+
+# The image recipe needs a running container engine; where none runs, say so and fail (a docker
+# CLI without a daemon counts as none). CONTAINER_ENGINE=podman picks one explicitly.
+IMAGE ?= projector:dev
+CONTAINER_ENGINE ?=
+image: ## build the controller image with Docker or Podman (fails clearly where neither runs)
+	@engine="$(CONTAINER_ENGINE)"; \
+	if [ -z "$$engine" ]; then \
+	  for e in docker podman; do \
+	    if command -v $$e >/dev/null 2>&1 && timeout 20 $$e info >/dev/null 2>&1; then engine=$$e; break; fi; \
+	  done; \
+	fi; \
+	if [ -z "$$engine" ]; then \
+	  echo "make image: no running Docker or Podman engine on this machine; the image cannot be built here. Run it where one runs (see README, 'The image')." >&2; \
+	  exit 1; \
+	fi; \
+	echo "make image: building $(IMAGE) with $$engine"; \
+	$$engine build -t $(IMAGE) .
+
+test: install binaries helm lint docs ## everything: lint, docs, unit and integration tests (real API server)
 	$(PY) -m pytest
 
 unit: install ## pure tests only, no server

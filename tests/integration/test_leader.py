@@ -9,6 +9,7 @@ lease" is proven from the API side, not from the replica's own word.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -274,14 +275,22 @@ def test_thirty_forced_transitions_never_overlap_and_never_flap_a_copy(
 def test_the_shipped_deployment_and_budget_are_accepted_by_the_api_server(
     admin_client: client.ApiClient,
 ) -> None:
-    """Two replicas with leader election, a PodDisruptionBudget: valid objects (dry run)."""
-    docs = list(yaml.safe_load_all((REPO / "deploy" / "manager" / "deployment.yaml").read_text()))
+    """Two replicas with leader election, a PodDisruptionBudget: valid objects (dry run).
+
+    deploy/install.yaml is the chart rendered with its defaults (tests/integration/test_helm.py
+    proves the chart itself on a fresh API server).
+    """
+    rendered = yaml.safe_load_all((REPO / "deploy" / "install.yaml").read_text())
+    docs = [d for d in rendered if d and d["kind"] in ("Deployment", "PodDisruptionBudget")]
     kinds = {d["kind"]: d for d in docs}
     deployment = kinds["Deployment"]
     assert deployment["spec"]["replicas"] == 2
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--leader-elect" in args and "--no-leader-elect" not in args
     assert kinds["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
+    core = client.CoreV1Api(admin_client)
+    ns = deployment["metadata"]["namespace"]
+    with contextlib.suppress(client.ApiException):  # shared with the tests' RBAC fixture
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
     for doc in docs:
-        if doc["kind"] != "Namespace":  # the tests' projector-system exists already
-            utils.create_from_dict(admin_client, doc, dry_run="All")
+        utils.create_from_dict(admin_client, doc, dry_run="All")

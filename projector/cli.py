@@ -1,0 +1,177 @@
+"""`projector validate` and `projector explain`: the operator's commands besides `run`.
+
+`validate` is offline (the CRD's own schema and CEL rules, `projector.validate`). `explain` reads
+the cluster once (`Store.load`: one list of each kind, no watch), takes the same snapshot the
+controller would, runs the same `reconcile.plan()` and says why each namespace is in its state
+(`projector.explain`). It needs read access to grants, namespaces and Secrets, like a cluster
+admin; it never prints a Secret's value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from projector import explain as explaining
+from projector import validate as validating
+from projector.api import SECRETS
+from projector.errors import NotFound, ProjectorError
+from projector.model import EXPORT_LABEL, EXPORT_TO_ANNOTATION, ObjectKey, parse_export_to
+from projector.reconcile import Action, Plan, plan
+
+if TYPE_CHECKING:  # explain only: `validate` stays offline and quick to start
+    from projector.kube import Kube
+    from projector.store import Store
+
+
+def _validate(args: argparse.Namespace) -> int:
+    crd = validating.Crd.load(args.crd)
+    grants = files = 0
+    errors: list[validating.Error] = []
+    for path in validating.manifests(args.paths):
+        files += 1
+        found, errs = validating.check_file(crd, path)
+        grants += found
+        errors += errs
+    for e in errors:
+        print(e)
+    if files == 0 or (grants == 0 and not errors):
+        print("projector validate: no ProjectionGrant found", file=sys.stderr)
+        return 1
+    verdict = "ok" if not errors else f"{len(errors)} error(s)"
+    print(f"{grants} ProjectionGrant(s) in {files} file(s): {verdict}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+async def _explain(args: argparse.Namespace) -> str:
+    from projector.kube import Kube
+    from projector.store import Store
+
+    kube = await Kube.connect(args.kubeconfig)
+    try:
+        store = Store(kube)
+        await store.load()
+        uids: dict[str, str] = {rec.uid: name for name, rec in store.grants.items()}
+        if args.secret is None:
+            snap = await store.snapshot(args.grant)
+            if snap.record is None:
+                raise ProjectorError(f"no ProjectionGrant named {args.grant!r}")
+            ns = store.namespaces.get(args.namespace) if args.namespace else None
+            p = plan(snap)
+            r = explaining.report(
+                p,
+                uids,
+                namespace=args.namespace,
+                namespace_obj=ns,
+                blockers=await _blockers(kube, p),
+            )
+            return (
+                json.dumps(r.as_dict(), indent=2) if args.output == "json" else explaining.text([r])
+            )
+        return await _explain_secret(args, kube, store, uids)
+    finally:
+        await kube.close()
+
+
+async def _blockers(kube: Kube, p: Plan) -> dict[str, dict[str, Any]]:
+    """Metadata of the Secrets that stand where the plan would create a copy (not cached)."""
+    found: dict[str, dict[str, Any]] = {}
+    for step in p.steps:
+        if step.action is not Action.CREATE:
+            continue
+        try:
+            obj = await kube.get(SECRETS, step.name, namespace=step.namespace, metadata_only=True)
+        except NotFound:
+            continue
+        found[step.namespace] = dict(obj.get("metadata") or {})
+    return found
+
+
+async def _explain_secret(
+    args: argparse.Namespace, kube: Kube, store: Store, uids: dict[str, str]
+) -> str:
+    ns_name, _, name = args.secret.partition("/")
+    if not ns_name or not name:
+        raise ProjectorError("--secret takes NAMESPACE/NAME")
+    key = ObjectKey(ns_name, name)
+    exists = True
+    labels: dict[str, str] = {}
+    notes: dict[str, str] = {}
+    try:
+        meta = (await kube.get(SECRETS, name, namespace=ns_name, metadata_only=True)).get(
+            "metadata"
+        ) or {}
+        labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
+    except NotFound:
+        exists = False
+    export_to = parse_export_to(notes.get(EXPORT_TO_ANNOTATION))
+    exported = labels.get(EXPORT_LABEL) == "true"
+    reports = []
+    targeted: set[str] = set()
+    for gname, rec in sorted(store.grants.items()):
+        if rec.grant is None or rec.grant.source != key:
+            continue
+        p = plan(await store.snapshot(gname))
+        targeted |= {s.namespace for s in p.steps}
+        reports.append(
+            explaining.report(
+                p,
+                uids,
+                namespace=args.namespace,
+                namespace_obj=store.namespaces.get(args.namespace or ""),
+            )
+        )
+    source = store.sources.get(key)
+    allowed = (
+        {n for n in store.namespaces if n != ns_name and source.exports_to(n)} - targeted
+        if source is not None and exported
+        else set()
+    )
+    if args.namespace:
+        allowed &= {args.namespace}
+    r = explaining.secret_report(
+        str(key),
+        exists=exists,
+        exported=exported,
+        export_to=export_to,
+        grants=reports,
+        allowed_untargeted=allowed,
+    )
+    return json.dumps(r.as_dict(), indent=2) if args.output == "json" else explaining.secret_text(r)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The flags of `validate` and `explain`."""
+    p = argparse.ArgumentParser(prog="projector")
+    sub = p.add_subparsers(dest="command", required=True)
+    v = sub.add_parser("validate", help="check ProjectionGrant manifests offline")
+    v.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="files or directories")
+    v.add_argument("--crd", type=Path, help="the CRD to check against (default: the packaged one)")
+    e = sub.add_parser("explain", help="why a Secret is (not) projected where")
+    e.add_argument("grant", nargs="?", help="a ProjectionGrant name")
+    e.add_argument("--secret", metavar="NS/NAME", help="explain a source Secret instead")
+    e.add_argument("-n", "--namespace", help="only this target namespace")
+    e.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    e.add_argument("--kubeconfig", default=None)
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run `validate` or `explain`; exit 0 on success, 1 on a finding or error, 2 on usage."""
+    p = parser()
+    args = p.parse_args(list(argv))
+    if args.command == "validate":
+        return _validate(args)
+    if (args.grant is None) == (args.secret is None):
+        p.error("explain takes a GRANT or --secret NS/NAME (one of them)")
+    try:
+        print(asyncio.run(_explain(args)))
+    except ProjectorError as e:
+        print(f"projector explain: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,282 @@
+"""Why a Secret is (or is not) in a namespace, from the same `plan()` the controller runs.
+
+Pure: it reads a `reconcile.Plan` taken on a one-shot snapshot (`store.Store.load`) and says, per
+namespace, one of these states, with the reason code and the consent or object behind it:
+
+| state | meaning |
+|---|---|
+| projected | the copy is there and in sync |
+| pending | the controller would write now (create, update, replace, delete) or waits |
+| denied | a consent is missing: no grant target, no export label, or export-to does not match |
+| conflicted | another object holds the target name: a foreign Secret, or an older grant |
+| terminating | the namespace is being deleted; the copy goes with it |
+| retained | not wanted any more; kept by the policy `Retain` |
+| refused | the source's own namespace, never a target |
+| unknown | the source could not be read; nothing is decided on uncertainty |
+
+Nothing here ever reads a Secret's data: the output holds names, labels and reasons only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from projector.model import EXPORT_LABEL, EXPORT_TO_ANNOTATION, GRANT_UID_ANNOTATION, Namespace
+from projector.reconcile import Action, Plan, Reason, SourceState, Step
+
+_PENDING = {
+    Action.CREATE: "the controller creates the copy",
+    Action.UPDATE: "the copy differs from the source; the controller updates it",
+    Action.REPLACE: "the controller replaces the copy",
+    Action.DELETE: "the copy is no longer wanted; the controller deletes it",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One namespace's state for one grant."""
+
+    namespace: str
+    state: str
+    reason: str
+    why: str
+    secret: str = ""
+    """The target Secret, namespace/name."""
+
+
+@dataclass(frozen=True, slots=True)
+class GrantReport:
+    """One grant, its source and every namespace it touches."""
+
+    grant: str
+    source: str
+    source_state: str
+    target_name: str
+    matched: int
+    invalid: str = ""
+    entries: tuple[Entry, ...] = ()
+    counts: Mapping[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return asdict(self) | {"counts": dict(self.counts)}
+
+
+def _denied_why(plan: Plan, namespace: str) -> str:
+    source = plan.snapshot.source
+    if plan.source_state is SourceState.NOT_EXPORTED:
+        return f"producer consent missing: the source has no label {EXPORT_LABEL}=true"
+    if source is None:
+        return "producer consent missing: the source is not exported"
+    if not source.export_to:
+        return (
+            f"producer consent missing: the source has no {EXPORT_TO_ANNOTATION} annotation "
+            "(missing or empty means nobody)"
+        )
+    allowed = ",".join(source.export_to)
+    return (
+        f"producer consent missing: {EXPORT_TO_ANNOTATION}={allowed!r} does not match {namespace}"
+    )
+
+
+def _conflict_why(step: Step, grants_by_uid: Mapping[str, str]) -> str:
+    holder = step.existing
+    where = f"{step.namespace}/{step.name}"
+    if step.reason is Reason.GRANT_CONFLICT:
+        return step.message or f"an older grant projects to {where}"
+    if holder is not None:
+        uid = holder.annotations.get(GRANT_UID_ANNOTATION)
+        if uid and uid in grants_by_uid:
+            return f"Secret {where} belongs to grant {grants_by_uid[uid]}"
+    return f"Secret {where} exists and is not owned by this grant"
+
+
+def entry(
+    plan: Plan,
+    step: Step,
+    grants_by_uid: Mapping[str, str],
+    blockers: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Entry:
+    """The state of one planned namespace.
+
+    `blockers` holds, by namespace, the metadata of a Secret found (by a read after planning)
+    where the plan would create a copy: the controller caches only its own copies, so such a
+    Secret shows up to it as a Conflict at write time; explain names it at once.
+    """
+    r, a, ns = step.reason, step.action, step.namespace
+    secret = f"{ns}/{step.name}" if step.name else ""
+
+    def e(state: str, why: str) -> Entry:
+        return Entry(ns, state, r.value, why, secret)
+
+    blocker = (blockers or {}).get(ns)
+    if a is Action.CREATE and blocker is not None:
+        uid = (blocker.get("annotations") or {}).get(GRANT_UID_ANNOTATION)
+        owner = grants_by_uid.get(uid or "")
+        why = (
+            f"Secret {secret} belongs to grant {owner}"
+            if owner
+            else f"Secret {secret} exists and is not owned by this grant"
+        )
+        return Entry(ns, "conflicted", Reason.CONFLICT.value, why, secret)
+    if a is not Action.NOOP:
+        return e("pending", _PENDING[a] + (f" ({step.message})" if step.message else ""))
+    if r is Reason.PROJECTED:
+        return e("projected", "the copy is in sync with the source")
+    if r is Reason.DENIED:
+        return e("denied", _denied_why(plan, ns))
+    if r in (Reason.CONFLICT, Reason.GRANT_CONFLICT):
+        return e("conflicted", _conflict_why(step, grants_by_uid))
+    if r is Reason.TERMINATING:
+        return e("terminating", "the namespace is being deleted; nothing is written there")
+    if r is Reason.NAMESPACE_MISSING:
+        return e("pending", "the namespace does not exist; a copy follows when it is created")
+    if r is Reason.SOURCE_NAMESPACE:
+        return e("refused", "the source's own namespace is never a target")
+    if r is Reason.RETAINED:
+        return e("retained", "no longer wanted here; kept by the policy Retain")
+    if r is Reason.SOURCE_MISSING:
+        kept = "the last copy is kept" if step.existing is not None else "no copy"
+        return e("pending", f"the source Secret does not exist ({kept})")
+    if r is Reason.KEY_MISSING:
+        return e("pending", step.message or "a key the grant names is missing from the source")
+    if r is Reason.COPY_DELETING:
+        return e("pending", "the copy is being deleted; it is re-created after")
+    if r is Reason.SOURCE_UNKNOWN:
+        return e("unknown", "the source could not be read; nothing is decided on uncertainty")
+    return e("pending", step.message or r.value)
+
+
+def not_targeted(plan: Plan, namespace: str, ns: Namespace | None) -> Entry:
+    """A namespace the grant does not aim at: the admin's consent is missing."""
+    grant = plan.grant
+    if grant is not None and namespace == grant.source.namespace:
+        return Entry(
+            namespace, "refused", Reason.SOURCE_NAMESPACE.value, "the source's own namespace"
+        )
+    if ns is None:
+        why = "admin consent missing: no such namespace, and the grant does not list it"
+    else:
+        why = (
+            "admin consent missing: no grant target (not in spec.target.namespaces, "
+            "and spec.target.namespaceSelector does not match its labels)"
+        )
+    return Entry(namespace, "denied", "NotTargeted", why)
+
+
+def report(
+    plan: Plan,
+    grants_by_uid: Mapping[str, str],
+    *,
+    namespace: str | None = None,
+    namespace_obj: Namespace | None = None,
+    blockers: Mapping[str, Mapping[str, Any]] | None = None,
+) -> GrantReport:
+    """Everything `explain GRANT` says about one grant (or one namespace of it)."""
+    snap = plan.snapshot
+    record = snap.record
+    grant = plan.grant
+    if grant is None:
+        invalid = record.invalid if record is not None and record.invalid else "no such grant"
+        return GrantReport(snap.grant_name, "", "", "", 0, invalid=invalid)
+    entries = [entry(plan, s, grants_by_uid, blockers) for s in plan.steps]
+    if namespace is not None:
+        entries = [x for x in entries if x.namespace == namespace] or [
+            not_targeted(plan, namespace, namespace_obj)
+        ]
+    entries.sort(key=lambda x: x.namespace)
+    counts: dict[str, int] = {}
+    for x in entries:
+        counts[x.state] = counts.get(x.state, 0) + 1
+    return GrantReport(
+        grant=grant.name,
+        source=str(grant.source),
+        source_state=plan.source_state.value,
+        target_name=grant.target_name,
+        matched=plan.matched,
+        entries=tuple(entries),
+        counts=counts,
+    )
+
+
+def text(reports: Iterable[GrantReport]) -> str:
+    """Human-readable lines, one table per grant."""
+    out: list[str] = []
+    for r in reports:
+        if r.invalid:
+            out.append(f"grant {r.grant}: {r.invalid}")
+            continue
+        summary = ", ".join(f"{n} {s}" for s, n in sorted(r.counts.items())) or "nothing"
+        out.append(
+            f"grant {r.grant}: source {r.source} ({r.source_state}), "
+            f"target Secret {r.target_name!r}, {r.matched} namespace(s) targeted: {summary}"
+        )
+        width = max([len("NAMESPACE"), *(len(x.namespace) for x in r.entries)])
+        out.append(f"  {'NAMESPACE':<{width}}  {'STATE':<11}  {'REASON':<20}  WHY")
+        for x in r.entries:
+            out.append(f"  {x.namespace:<{width}}  {x.state:<11}  {x.reason:<20}  {x.why}")
+    return "\n".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class SecretReport:
+    """`explain --secret NS/NAME`: the producer's opt-in, the grants of it, and the rest."""
+
+    secret: str
+    exists: bool
+    exported: bool
+    export_to: tuple[str, ...]
+    grants: tuple[GrantReport, ...]
+    untargeted: tuple[str, ...]
+    """Existing namespaces export-to allows that no grant targets (the admin's say is missing)."""
+    untargeted_total: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return asdict(self) | {"grants": [g.as_dict() for g in self.grants]}
+
+
+def secret_report(
+    secret: str,
+    *,
+    exists: bool,
+    exported: bool,
+    export_to: tuple[str, ...],
+    grants: Iterable[GrantReport],
+    allowed_untargeted: Iterable[str],
+    limit: int = 50,
+) -> SecretReport:
+    """Assemble a SecretReport; the untargeted list is cut at `limit` names (the total stays)."""
+    rest = sorted(allowed_untargeted)
+    return SecretReport(
+        secret, exists, exported, export_to, tuple(grants), tuple(rest[:limit]), len(rest)
+    )
+
+
+def secret_text(r: SecretReport) -> str:
+    """Human-readable lines for a SecretReport."""
+    if not r.exists:
+        head = f"Secret {r.secret}: does not exist"
+    elif not r.exported:
+        head = f"Secret {r.secret}: not exported (no label {EXPORT_LABEL}=true): projected nowhere"
+    elif not r.export_to:
+        head = (
+            f"Secret {r.secret}: exported, but no {EXPORT_TO_ANNOTATION} annotation: "
+            "allowed to nobody"
+        )
+    else:
+        head = f"Secret {r.secret}: exported to {','.join(r.export_to)!r}"
+    lines = [head]
+    if not r.grants:
+        lines.append("no ProjectionGrant names this Secret as its source: projected nowhere")
+    else:
+        lines.append(text(r.grants))
+    if r.untargeted_total:
+        more = r.untargeted_total - len(r.untargeted)
+        names = ", ".join(r.untargeted) + (f" (and {more} more)" if more else "")
+        lines.append(
+            f"allowed by the producer but targeted by no grant ({r.untargeted_total}): {names}"
+        )
+    return "\n".join(lines)

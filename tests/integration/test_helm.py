@@ -1,0 +1,375 @@
+"""The Helm chart and the manifests generated from it, proven with helm and a real API server.
+
+helm is built from its Go module (tests/helm/build.sh). The install tests run on a second,
+fresh control plane started without the CRD, as a new user's cluster is: Helm installs the CRD
+from the chart's crds/, and the release is `projector` in `projector-system`, as the docs say.
+There is no kubelet, so no pod runs; instead the controller runs here as the chart's own
+ServiceAccount (a TokenRequest token), which proves that the chart's RBAC (and its optional
+admission policy) let it project a Secret.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, dynamic
+
+from tests.controlplane.plane import ControlPlane
+from tests.helm import chart
+from tests.launcher import REPO, ControllerProcess, launch
+from tests.support import (
+    Canaries,
+    Cluster,
+    api_client,
+    eventually,
+    request_token,
+    write_token_kubeconfig,
+)
+
+RELEASE, NAMESPACE = chart.RELEASE, chart.NAMESPACE
+INSTANCE = f"app.kubernetes.io/instance={RELEASE}"
+CRD_NAME = "projectiongrants.projector.nebari.dev"
+ALL_ON = [
+    "--set=metrics.serviceMonitor.enabled=true",
+    "--set=metrics.prometheusRule.enabled=true",
+    "--set=metrics.dashboard.enabled=true",
+    "--set=admissionPolicy.enabled=true",
+    "--set=replicaCount=3",
+    "--set=image.digest=sha256:" + "a" * 64,
+    "--set=controller.workers=8",
+    "--set=networkPolicy.egress[0].ports[0].port=443",
+]
+
+
+@pytest.fixture(scope="session")
+def helm_bin() -> Path:
+    return chart.helm_binary()
+
+
+def render(helm_bin: Path, *args: str) -> dict[tuple[str, str], dict[str, Any]]:
+    docs = chart.documents(chart.template(helm_bin, *args))
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+def container(docs: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
+    spec = docs[("Deployment", "projector")]["spec"]["template"]["spec"]
+    assert len(spec["containers"]) == 1
+    return dict(spec["containers"][0])
+
+
+# --- offline: lint, template, schema, generated files -------------------------------------------
+
+
+def test_chart_lints_strictly_with_default_and_optional_values(helm_bin: Path) -> None:
+    chart.helm(helm_bin, "lint", "--strict", str(chart.CHART))
+    chart.helm(helm_bin, "lint", "--strict", str(chart.CHART), *ALL_ON)
+
+
+def test_template_default_values_is_restricted_and_highly_available(helm_bin: Path) -> None:
+    docs = render(helm_bin)
+    kinds = sorted(k for k, _ in docs)
+    assert kinds == sorted(
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Deployment",
+            "NetworkPolicy",
+            "PodDisruptionBudget",
+            "Role",
+            "Role",
+            "RoleBinding",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount",
+        ]
+    )
+    deploy = docs[("Deployment", "projector")]
+    assert deploy["spec"]["replicas"] == 2
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert (
+        isinstance(pod["securityContext"]["runAsUser"], int)
+        and pod["securityContext"]["runAsUser"] > 0
+    )
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    c = container(docs)
+    sc = c["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    assert "--leader-elect" in c["args"] and f"--namespace={NAMESPACE}" in c["args"]
+    assert c["image"].endswith(":0.1.0")
+    assert docs[("PodDisruptionBudget", "projector")]["spec"]["maxUnavailable"] == 1
+    # Least privilege: Events only in `default`, the Lease only by name.
+    events = docs[("Role", "projector-events")]
+    assert events["metadata"]["namespace"] == "default"
+    assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    lease = docs[("Role", "projector")]["rules"]
+    assert {"get", "update"} == set(next(r for r in lease if r.get("resourceNames"))["verbs"])
+    cluster_rules = docs[("ClusterRole", "projector")]["rules"]
+    assert not any("*" in r["verbs"] or "*" in r["resources"] for r in cluster_rules)
+
+
+def test_template_non_default_values(helm_bin: Path) -> None:
+    docs = render(helm_bin, *ALL_ON)
+    for kind in (
+        "ServiceMonitor",
+        "PrometheusRule",
+        "ConfigMap",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ):
+        assert any(k == kind for k, _ in docs), kind
+    c = container(docs)
+    assert c["image"] == "ghcr.io/nebari-dev/projector@sha256:" + "a" * 64
+    assert "--workers=8" in c["args"]
+    assert docs[("Deployment", "projector")]["spec"]["replicas"] == 3
+    dashboard = docs[("ConfigMap", "projector-dashboard")]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    panels = json.loads(dashboard["data"]["projector.json"])["panels"]
+    assert any("projector_projection_latency_seconds_bucket" in json.dumps(p) for p in panels)
+    netpol = docs[("NetworkPolicy", "projector")]["spec"]
+    assert netpol["policyTypes"] == ["Ingress", "Egress"]
+    single = render(helm_bin, "--set=leaderElection.enabled=false", "--set=replicaCount=1")
+    args = container(single)["args"]
+    assert "--no-leader-elect" in args and "--leader-elect" not in args
+
+
+@pytest.mark.parametrize(
+    "value, error",
+    [
+        ("securityContext.readOnlyRootFilesystem=false", "readOnlyRootFilesystem"),
+        ("securityContext.allowPrivilegeEscalation=true", "allowPrivilegeEscalation"),
+        ("podSecurityContext.runAsUser=0", "runAsUser"),
+        ("replicaCount=-1", "replicaCount"),
+        ("noSuchValue=1", "noSuchValue"),
+        ("leaderElection.enabled=false", "replicaCount=1"),
+    ],
+)
+def test_values_schema_refuses_unsafe_or_unknown_values(
+    helm_bin: Path, value: str, error: str
+) -> None:
+    with pytest.raises(RuntimeError, match=error):
+        chart.template(helm_bin, f"--set={value}")
+
+
+def test_generated_manifests_are_up_to_date(helm_bin: Path) -> None:
+    stale = chart.stale(chart.render(helm_bin))
+    assert not stale, f"stale generated files (run `make manifests`): {stale}"
+
+
+# --- a fresh cluster: install.yaml dry-run, helm install / upgrade / uninstall ------------------
+
+
+@pytest.fixture(scope="module")
+def fresh_plane(binaries: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A second control plane without the CRD: what a new user's cluster looks like."""
+    plane = ControlPlane(
+        tmp_path_factory.mktemp("helm-plane"), binaries, crd_dir=None, die_with_parent=True
+    )
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="module")
+def fresh_api(fresh_plane: ControlPlane) -> Iterator[client.ApiClient]:
+    api = api_client(fresh_plane.kubeconfig)
+    yield api
+    api.close()
+
+
+def helm_on(helm_bin: Path, plane: ControlPlane, *args: str) -> str:
+    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
+    env["HELM_CACHE_HOME"] = str(plane.root / "helm-cache")
+    env["HELM_CONFIG_HOME"] = str(plane.root / "helm-config")
+    env["HELM_DATA_HOME"] = str(plane.root / "helm-data")
+    return chart.helm(helm_bin, *args, env=env)
+
+
+def server_side_apply(api: client.ApiClient, doc: dict[str, Any], *, dry_run: bool) -> None:
+    dyn = dynamic.DynamicClient(api)
+    res = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+    kwargs: dict[str, Any] = {"field_manager": "kubectl", "force_conflicts": True}
+    if dry_run:
+        kwargs["dry_run"] = "All"
+    namespace = doc["metadata"].get("namespace")
+    res.server_side_apply(body=doc, name=doc["metadata"]["name"], namespace=namespace, **kwargs)
+
+
+def test_install_yaml_passes_a_server_side_dry_run_apply(
+    fresh_api: client.ApiClient,
+) -> None:
+    docs = chart.documents((REPO / "deploy" / "install.yaml").read_text())
+    assert [d["kind"] for d in docs[:2]] == ["Namespace", "CustomResourceDefinition"]
+    core = client.CoreV1Api(fresh_api)
+    # A dry-run creates nothing, so the objects in the namespace need it to exist for real
+    # (as `kubectl apply --dry-run=server` does); it is left for the install test, harmlessly.
+    server_side_apply(fresh_api, docs[0], dry_run=False)
+    for doc in docs[1:]:
+        server_side_apply(fresh_api, doc, dry_run=True)
+    with pytest.raises(client.ApiException):  # the dry run really did not create anything
+        core.read_namespaced_service_account("projector", NAMESPACE)
+
+
+def sa_kubeconfig(plane: ControlPlane, api: client.ApiClient, path: Path) -> Path:
+    token = request_token(client.CoreV1Api(api), RELEASE, NAMESPACE)
+    user = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"
+    return write_token_kubeconfig(path, plane, token, user=user, namespace=NAMESPACE)
+
+
+def released_objects(api: client.ApiClient) -> list[str]:
+    """Every object labelled with the release, of every kind the chart can create."""
+    dyn = dynamic.DynamicClient(api)
+    kinds = [
+        ("apps/v1", "Deployment"),
+        ("v1", "ServiceAccount"),
+        ("v1", "Service"),
+        ("v1", "ConfigMap"),
+        ("policy/v1", "PodDisruptionBudget"),
+        ("networking.k8s.io/v1", "NetworkPolicy"),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+        ("rbac.authorization.k8s.io/v1", "Role"),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"),
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
+    ]
+    found = []
+    for version, kind in kinds:
+        for item in (
+            dyn.resources.get(api_version=version, kind=kind).get(label_selector=INSTANCE).items
+        ):
+            found.append(f"{kind}/{item.metadata.namespace or ''}/{item.metadata.name}")
+    return found
+
+
+def run_cli(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "projector", *args, f"--kubeconfig={kubeconfig}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_helm_install_upgrade_uninstall_on_a_real_api_server(
+    helm_bin: Path,
+    fresh_plane: ControlPlane,
+    fresh_api: client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    core = client.CoreV1Api(fresh_api)
+    apps = client.AppsV1Api(fresh_api)
+    ext = client.ApiextensionsV1Api(fresh_api)
+    canaries = Canaries()
+    k8s = Cluster(core, client.CustomObjectsApi(fresh_api), canaries, "helm")
+    chart_dir = str(chart.CHART)
+
+    # install: every object accepted, the CRD established, the Deployment valid and as asked
+    helm_on(
+        helm_bin, fresh_plane, "install", RELEASE, chart_dir, "-n", NAMESPACE, "--create-namespace"
+    )
+
+    def established() -> bool:
+        conds = ext.read_custom_resource_definition(CRD_NAME).status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conds)
+
+    eventually(established, message="CRD Established")
+    manifest = chart.documents(
+        helm_on(helm_bin, fresh_plane, "get", "manifest", RELEASE, "-n", NAMESPACE)
+    )
+    assert len(manifest) >= 11
+    on_server = set(released_objects(fresh_api))
+    for doc in manifest:
+        ns = doc["metadata"].get("namespace", "")
+        assert f"{doc['kind']}/{ns}/{doc['metadata']['name']}" in on_server, doc["kind"]
+    deploy = apps.read_namespaced_deployment("projector", NAMESPACE)
+    assert deploy.spec.replicas == 2
+    assert deploy.spec.template.spec.containers[0].security_context.read_only_root_filesystem
+
+    # a new user's first projection, by the chart's ServiceAccount and RBAC (no kubelet: no pod)
+    src, dst = "jupyterhub", "dask-gateway"
+    for ns in (src, dst):
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    k8s.source(src, "hub", {"api-token": "CANARY-helm-1"}, export_to=dst)
+    grant = k8s.grant((src, "hub"), name="hub-to-dask", namespaces=[dst])
+    kubeconfig = sa_kubeconfig(fresh_plane, fresh_api, tmp_path / "sa.kubeconfig")
+    ctl: ControllerProcess = launch(kubeconfig, tmp_path / "controller.log")
+    try:
+        eventually(ctl.ready, timeout=30, message="controller /readyz")
+        eventually(lambda: k8s.copy_data(dst, "hub") == {"api-token": "CANARY-helm-1"})
+        explained = run_cli(fresh_plane.kubeconfig, "explain", grant)
+        assert explained.returncode == 0, explained.stderr
+        assert "projected" in explained.stdout and dst in explained.stdout
+        canaries.assert_absent("explain", explained.stdout + explained.stderr)
+
+        # upgrade with changed values: one replica, fewer workers, the admission policy and
+        # the dashboard on
+        helm_on(
+            helm_bin,
+            fresh_plane,
+            "upgrade",
+            RELEASE,
+            chart_dir,
+            "-n",
+            NAMESPACE,
+            "--set=replicaCount=1",
+            "--set=controller.workers=2",
+            "--set=admissionPolicy.enabled=true",
+            "--set=metrics.dashboard.enabled=true",
+        )
+        deploy = apps.read_namespaced_deployment("projector", NAMESPACE)
+        assert deploy.spec.replicas == 1
+        assert "--workers=2" in (deploy.spec.template.spec.containers[0].args or [])
+        cm = core.read_namespaced_config_map("projector-dashboard", NAMESPACE)
+        assert cm.metadata.labels["grafana_dashboard"] == "1"
+
+        # the policy: projector's ServiceAccount may write only Secrets with its label
+        sa = client.CoreV1Api(api_client(kubeconfig))
+        foreign = client.V1Secret(metadata=client.V1ObjectMeta(name="not-projectors"))
+
+        def refused() -> bool:
+            try:
+                sa.create_namespaced_secret(dst, foreign)
+            except client.ApiException as e:
+                return e.status in (403, 422) and "managed-by=projector" in (e.body or "")
+            sa.delete_namespaced_secret("not-projectors", dst)  # policy not loaded yet
+            return False
+
+        eventually(refused, message="admission policy refuses an unlabelled Secret")
+        core.create_namespaced_secret(dst, foreign)  # an admin's own Secret
+        with pytest.raises(client.ApiException) as denied:
+            sa.delete_namespaced_secret("not-projectors", dst)
+        assert denied.value.status in (403, 422)
+        k8s.patch_secret(src, "hub", {"data": {"api-token": "CANARY-helm-2"}})
+        eventually(lambda: k8s.copy_data(dst, "hub") == {"api-token": "CANARY-helm-2"})
+    finally:
+        code = ctl.stop()
+    assert code == 0, ctl.logs()[-3000:]
+    canaries.assert_absent("controller logs", ctl.logs())
+    k8s.scan()
+
+    # uninstall: no object of the release is left; the copy stays (no finalizers), and so do
+    # the CRD and the grants (Helm never deletes a chart's crds/: grants are the admins' data)
+    helm_on(helm_bin, fresh_plane, "uninstall", RELEASE, "-n", NAMESPACE, "--wait")
+    eventually(lambda: released_objects(fresh_api) == [], message="release objects deleted")
+    assert k8s.copy_data(dst, "hub") == {"api-token": "CANARY-helm-2"}
+    assert not (k8s.copy(dst, "hub").metadata.finalizers or [])
+    assert ext.read_custom_resource_definition(CRD_NAME)
+    assert k8s.get_grant(grant)["metadata"].get("finalizers") is None
+    listed = helm_on(helm_bin, fresh_plane, "list", "-A", "-o", "json")
+    assert json.loads(listed) == []
