@@ -58,8 +58,14 @@ _LATENCY_BUCKETS = (
 class Metrics:
     """Every projector_* metric, on one registry."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,  # a fake one for tests
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._clock = clock
         r = self.registry
         self.projection_latency = Histogram(
             "projector_projection_latency_seconds",
@@ -191,13 +197,13 @@ class Metrics:
         self.queue_longest_running.set_function(self._longest_running)
 
     def _longest_running(self) -> float:
-        now = time.monotonic()
+        now = self._clock()
         return max((now - t for t in self._running.values()), default=0.0)
 
     def bind_informers(self, kinds: Iterable[str], stall_after: float) -> None:
         """Create the informers' label values at 0 and start their silence clocks now."""
         self.informer_stall_after.set(stall_after)
-        now = time.monotonic()
+        now = self._clock()
         for kind in kinds:
             self._heard[kind] = now
             for type_ in INFORMER_EVENTS:
@@ -205,7 +211,7 @@ class Metrics:
             self.informer_idle.labels(kind).set_function(functools.partial(self._silence, kind))
 
     def _silence(self, kind: str) -> float:
-        return time.monotonic() - self._heard[kind]
+        return self._clock() - self._heard[kind]
 
     def triggered(self, names: Iterable[str], now: float | None = None) -> None:
         """A change was observed for these grants: their projection latency starts now."""
@@ -301,7 +307,7 @@ class Metrics:
         """Informers' event hook; anything but an ERROR is a sign of life from the server."""
         self.informer_events.labels(kind, type_).inc()
         if type_ != "ERROR":
-            self._heard[kind] = time.monotonic()
+            self._heard[kind] = self._clock()
 
     def on_queue_event(self, event: str, _key: object) -> None:
         """The work queue's event hook."""
