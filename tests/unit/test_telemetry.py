@@ -112,8 +112,7 @@ async def test_one_fan_out_is_one_reconcile_span_with_a_child_per_write(
         key=lambda a: str(a["namespace"]),
     )
     assert writes == [
-        {"grant": "g", "namespace": ns, "action": "Create", "result": "Projected"}
-        for ns in TARGETS
+        {"grant": "g", "namespace": ns, "action": "Create", "result": "Projected"} for ns in TARGETS
     ]
     statuses = [dict(s.attributes or {}) for s in children if s.name == "write_status"]
     assert statuses == [{"grant": "g", "action": "status", "result": "ok"}]
@@ -185,9 +184,7 @@ async def test_latency_exemplars_carry_the_reconcile_trace_id_in_openmetrics_onl
         "projector_fanout_latency_seconds_bucket",
         "projector_reconcile_duration_seconds_bucket",
     ):
-        assert re.search(rf'^{name}\{{le="[^"]+"\}} \S+ # \{{trace_id="{tid}"\}}', page, re.M), (
-            name
-        )
+        assert re.search(rf'^{name}\{{le="[^"]+"\}} \S+ # \{{trace_id="{tid}"\}}', page, re.M), name
     kind, text = await _scrape(metrics, None)
     assert kind.startswith("text/plain") and "trace_id" not in text
     _no_canary("metrics", page + text)
