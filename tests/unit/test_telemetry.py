@@ -11,7 +11,7 @@ import base64
 import io
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 import aiohttp
@@ -52,7 +52,7 @@ def captured() -> Iterator[list[dict[str, Any]]]:
     """Every log event dict, after the production chain's context merge (renderer dropped)."""
     events: list[dict[str, Any]] = []
 
-    def keep(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    def keep(_: Any, __: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
         events.append(dict(event))
         raise structlog.DropEvent
 
