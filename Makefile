@@ -10,7 +10,7 @@ PY := .venv/bin/python
 export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := python3.11
 
-.PHONY: help install binaries test unit integration lint fmt demo bench bench-quick clean
+.PHONY: help install binaries prometheus generate test unit integration lint fmt demo bench bench-quick clean
 
 help: ## list the commands
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -34,13 +34,19 @@ install: .venv/.synced ## create .venv from the lock file
 binaries: ## build (or reuse) etcd, kube-apiserver, kube-controller-manager
 	tests/controlplane/build.sh >/dev/null
 
-test: install binaries lint ## everything: lint, unit and integration tests (real API server)
+prometheus: ## build (or reuse) prometheus and promtool from their Go module
+	tests/prometheus/build.sh >/dev/null
+
+generate: install ## rewrite docs/metrics.md, the dashboard and the alert rules from observability/
+	$(PY) -m observability
+
+test: install binaries prometheus lint ## everything: lint, unit and integration tests (real API server)
 	$(PY) -m pytest
 
 unit: install ## pure tests only, no server
 	$(PY) -m pytest tests/unit
 
-integration: install binaries ## tests against the local control plane
+integration: install binaries prometheus ## tests against the local control plane
 	$(PY) -m pytest tests/integration
 
 lint: install ## ruff, mypy --strict, import-linter contracts
