@@ -10,7 +10,7 @@ PY := .venv/bin/python
 export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := python3.11
 
-.PHONY: help install binaries prometheus generate test unit integration lint fmt demo bench bench-quick clean
+.PHONY: help install binaries prometheus generate observability-docs test unit integration lint fmt demo bench bench-quick clean
 
 help: ## list the commands
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -39,6 +39,9 @@ prometheus: ## build (or reuse) prometheus and promtool from their Go module
 
 generate: install ## rewrite docs/metrics.md, the dashboard and the alert rules from observability/
 	$(PY) -m observability
+
+observability-docs: install binaries prometheus ## redraw docs/observability.md from a real Prometheus run
+	PROJECTOR_UPDATE_DOCS=1 $(PY) -m pytest -q tests/integration/test_observability.py
 
 test: install binaries prometheus lint ## everything: lint, unit and integration tests (real API server)
 	$(PY) -m pytest
