@@ -65,8 +65,9 @@ def test_promtool_checks_the_rules_and_their_unit_tests_pass(prometheus_bin: Pat
 
 
 @pytest.fixture
-def stall_proxy(control_plane: ControlPlane, projector_kubeconfig: Path) -> Iterator[StallProxy]:
-    server = yaml.safe_load(projector_kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+def stall_proxy(control_plane: ControlPlane) -> Iterator[StallProxy]:
+    admin = yaml.safe_load(control_plane.kubeconfig.read_text())
+    server = admin["clusters"][0]["cluster"]["server"]
     url = urllib.parse.urlsplit(server)
     proxy = StallProxy((url.hostname or "127.0.0.1", url.port or 443))
     yield proxy
