@@ -247,3 +247,25 @@ def test_longest_running_reconcile_is_the_oldest_under_way() -> None:
     assert longest() == 3.0
     metrics.reconciled(Result.OK, "b")
     assert longest() == 0.0
+
+
+def test_spans_are_exported_over_otlp_only_when_an_endpoint_is_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from projector.telemetry import configure_tracing
+
+    def exporters(tracer: Any) -> list[Any]:
+        processors = tracer.span_processor._span_processors
+        return [p.span_exporter for p in processors if isinstance(p, BatchSpanProcessor)]
+
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    assert exporters(configure_tracing()) == []
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+    tracer = configure_tracing()
+    try:
+        assert [type(e) for e in exporters(tracer)] == [OTLPSpanExporter]
+    finally:
+        tracer.span_processor.shutdown()
