@@ -264,7 +264,7 @@ def test_spans_are_exported_over_otlp_only_when_an_endpoint_is_set(
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
     assert exporters(configure_tracing()) == []
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
-    tracer = configure_tracing()
+    tracer: Any = configure_tracing()  # the SDK tracer, to read its processors
     try:
         assert [type(e) for e in exporters(tracer)] == [OTLPSpanExporter]
     finally:
