@@ -101,6 +101,12 @@ def _value(series: list[dict[str, Any]]) -> str:
     return "NaN" if math.isnan(v) else f"{v:.4g}"
 
 
+def _json_lines(text: str) -> Iterator[dict[str, Any]]:
+    for line in text.splitlines():
+        if line.startswith("{"):
+            yield json.loads(line)
+
+
 def _scan(canaries: Canaries, where: str, obj: Any) -> None:
     canaries.assert_absent(where, json.dumps(obj))
 
@@ -195,7 +201,7 @@ def test_every_panel_and_alert_has_data_exemplars_link_traces_and_a_stall_fires(
         assert ids and all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids), exemplars
         logged = {
             line.get("trace_id")
-            for line in map(json.loads, filter(None, ctl.logs().splitlines()))
+            for line in _json_lines(ctl.logs())
             if line.get("event") == "reconciled"
         }
         assert ids & logged, f"no exemplar trace id was logged by a reconcile: {ids}"
