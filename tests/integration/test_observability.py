@@ -95,10 +95,14 @@ def _expr(q: str) -> str:
 
 
 def _value(series: list[dict[str, Any]]) -> str:
+    """One series: its value; several: how many, and the largest with its labels."""
     if not series:
         return ""
-    v = float(series[0]["value"][1])
-    return "NaN" if math.isnan(v) else f"{v:.4g}"
+    if len(series) == 1:
+        return f"{float(series[0]['value'][1]):.4g}"
+    top = max(series, key=lambda s: float(s["value"][1]))
+    labels = ",".join(f"{k}={v}" for k, v in sorted(top["metric"].items()) if k != "instance")
+    return f"{len(series)} series, max {float(top['value'][1]):.4g} ({labels})"
 
 
 def _json_lines(text: str) -> Iterator[dict[str, Any]]:
@@ -125,6 +129,10 @@ def test_every_panel_and_alert_has_data_exemplars_link_traces_and_a_stall_fires(
     )
     prom = Prometheus(prometheus_bin, tmp_path / "prom", [f"127.0.0.1:{ctl.port}"], [RULES])
     try:
+        # Prometheus scrapes the controller before anything happens, so rates see every change.
+        eventually(
+            lambda: prom.query('up{job="projector"} == 1'), timeout=30, message="first scrape"
+        )
         t0 = time.time()
         # A fan-out with a conflict and a denied namespace, then two source changes.
         src, theirs, denied = make_namespace(), make_namespace(), make_namespace()
