@@ -114,8 +114,10 @@ def page(images: Sequence[tuple[str, str]], values: Sequence[tuple[str, str, str
     lines += [
         "## Every panel query and alert expression, as evaluated in that test",
         "",
-        "`$job` = `projector`, `$__rate_interval` = `1m`. Values are the instant query's first",
-        "series (rounded); alerts list the value of their expression (empty: not firing).",
+        "`$job` = `projector`, `$__rate_interval` = `1m`. A value is the instant query's result,",
+        "rounded: one series, its value; several, how many and the largest (with its labels).",
+        "An alert's value is its expression's (empty: no series, not firing; every rule also",
+        "reported `health: ok` on Prometheus' rules API). Recording rules are listed with theirs.",
         "",
         "| where | query | value |",
         "|---|---|---|",

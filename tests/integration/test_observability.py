@@ -192,6 +192,11 @@ def test_every_panel_and_alert_has_data_exemplars_link_traces_and_a_stall_fires(
             return evaluated
 
         eventually(rules_evaluated, timeout=15, message="every rule evaluated healthy")
+        for record, expr in rules.RECORDS:  # each recorded series has data
+            result = eventually(
+                functools.partial(prom.query, record), timeout=15, message=f"record {record}"
+            )
+            values.append((f"record: {record}", expr, _value(result)))
         for alert in rules.ALERTS:
             result = prom.query(alert.expr)  # raises on a query error
             values.append((f"alert: {alert.name}", alert.expr, _value(result)))
