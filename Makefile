@@ -10,7 +10,7 @@ PY := .venv/bin/python
 export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := python3.11
 
-.PHONY: help install binaries helm manifests docs image test unit integration lint fmt demo bench bench-quick clean
+.PHONY: help install binaries helm prometheus manifests docs image generate observability-docs test unit integration lint fmt demo bench bench-quick clean
 
 help: ## list the commands
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -61,13 +61,24 @@ image: ## build the controller image with Docker or Podman (fails clearly where 
 	echo "make image: building $(IMAGE) with $$engine"; \
 	$$engine build -t $(IMAGE) .
 
-test: install binaries helm lint docs ## everything: lint, docs, unit and integration tests (real API server)
+
+prometheus: ## build (or reuse) prometheus and promtool from their Go module
+	tests/prometheus/build.sh >/dev/null
+
+generate: install ## rewrite docs/metrics.md, the dashboard and the alert rules from observability/
+	$(PY) -m observability
+
+observability-docs: install binaries prometheus ## redraw docs/observability.md from a real Prometheus run
+	PROJECTOR_UPDATE_DOCS=1 $(PY) -m pytest -q tests/integration/test_observability.py
+
+
+test: install binaries helm prometheus lint docs ## everything: lint, docs, unit and integration tests (real API server)
 	$(PY) -m pytest
 
 unit: install ## pure tests only, no server
 	$(PY) -m pytest tests/unit
 
-integration: install binaries ## tests against the local control plane
+integration: install binaries helm prometheus ## tests against the local control plane
 	$(PY) -m pytest tests/integration
 
 lint: install ## ruff, mypy --strict, import-linter contracts

@@ -66,14 +66,20 @@ async def run(
         fence=fence,
     )
     store = Store(kube)
-    informers = [Informer(kube, c, on_event=metrics.on_informer_event) for c in store.caches]
+    informers = [
+        Informer(kube, c, on_event=metrics.on_informer_event, timeout_seconds=cfg.watch_timeout)
+        for c in store.caches
+    ]
+    metrics.bind_informers((i.name for i in informers), cfg.informer_stall_after)
     queue: WorkQueue[str] = WorkQueue(
         debounce=cfg.debounce, debounce_max=cfg.debounce_max, on_event=metrics.on_queue_event
     )
     metrics.bind_queue(queue)
+    tracer = configure_tracing()
     writer = Writer(
         kube,
         metrics=metrics,
+        tracer=tracer,
         concurrency=cfg.write_concurrency,
         fence=fence,
     )
@@ -84,7 +90,7 @@ async def run(
         queue=queue,
         writer=writer,
         recorder=Recorder(writer, cfg.id),
-        tracer=configure_tracing(),
+        tracer=tracer,
     )
     tasks: list[asyncio.Task[None]] = []
 

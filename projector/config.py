@@ -57,6 +57,12 @@ class Config:
     """Seconds of unbroken list/watch failure after which /healthz fails (the pod restarts)."""
     conflict_recheck: float = 60.0
     """How often a grant with conflicts looks again (the blocking object is not cached)."""
+    watch_timeout: int = 300
+    """Server-side timeoutSeconds of a watch (plus up to half again of jitter); it then resumes."""
+    informer_stall_after: float = 180.0
+    """Silence (no event, bookmark, accepted watch or list) after which an informer counts as
+    stalled; exposed as projector_informer_stall_threshold_seconds for the alert. The API
+    server sends a bookmark about every minute, so a healthy informer stays well below it."""
 
 
 def _env(name: str, default: str) -> str:
@@ -111,6 +117,18 @@ def parse(argv: Sequence[str] | None = None) -> Config:
     ):
         env = _env(flag.upper().replace("-", "_"), f"{default:g}s")
         p.add_argument(f"--{flag}", type=seconds, default=seconds(env), help="e.g. 15s")
+    p.add_argument(
+        "--watch-timeout",
+        type=int,
+        default=int(_env("WATCH_TIMEOUT", str(d.watch_timeout))),
+        help="server-side timeout of one watch request in seconds",
+    )
+    p.add_argument(
+        "--informer-stall-after",
+        type=seconds,
+        default=seconds(_env("INFORMER_STALL_AFTER", f"{d.informer_stall_after:g}s")),
+        help="silence after which an informer counts as stalled, e.g. 3m",
+    )
     p.add_argument("--id", default=_env("ID", "") or socket.gethostname())
     p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level))
     p.add_argument(
@@ -124,6 +142,8 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         p.error("--workers and --write-concurrency must be at least 1")
     if a.debounce < 0 or a.debounce_max < a.debounce:
         p.error("need 0 <= --debounce <= --debounce-max")
+    if a.watch_timeout < 1 or a.informer_stall_after <= 0:
+        p.error("--watch-timeout and --informer-stall-after must be positive")
     if not a.id:
         p.error("--id must not be empty")
     try:
@@ -146,4 +166,6 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         lease=lease,
         log_level=a.log_level,
         informer_dead_after=a.informer_dead_after,
+        watch_timeout=a.watch_timeout,
+        informer_stall_after=a.informer_stall_after,
     )

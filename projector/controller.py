@@ -13,6 +13,7 @@ shortly.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -61,6 +62,7 @@ class Controller:
         self.recorder = recorder
         self.tracer = tracer or trace.get_tracer("projector")
         self._stopping = False
+        self._ids = itertools.count(1)
         store.listen(self._enqueue)
 
     def _enqueue(self, kind: Kind, names: Iterable[str]) -> None:
@@ -116,7 +118,7 @@ class Controller:
                 self.queue.add_rate_limited(name, cap=UNHEALTHY_RETRY_MAX)
             else:
                 self.queue.forget(name)
-            self.metrics.reconciled(result)
+            self.metrics.reconciled(result, name)
             self.queue.done(name)
             await asyncio.sleep(0)  # a reconcile without I/O must not starve the informers
 
@@ -126,9 +128,14 @@ class Controller:
             return Result.UNHEALTHY
         started = time.monotonic()
         since = self.metrics.started(name, started)
+        rid = f"{next(self._ids)}"
         with (
-            self.tracer.start_as_current_span("reconcile", attributes={"grant": name}),
-            structlog.contextvars.bound_contextvars(grant=name, trace_id=trace_id()),
+            self.tracer.start_as_current_span(
+                "reconcile", attributes={"grant": name, "reconcile_id": rid}
+            ) as span,
+            structlog.contextvars.bound_contextvars(
+                grant=name, reconcile_id=rid, trace_id=trace_id()
+            ),
         ):
             snap = await self.store.snapshot(name)
             rec = snap.record
@@ -149,10 +156,11 @@ class Controller:
                 await self._report(rec, new, status.events(outcomes, rec.status))
             else:
                 self.metrics.grant_ready(name, None)  # the grant is gone: it no longer counts
-            self.metrics.reconcile_duration.observe(time.monotonic() - started)
+            self.metrics.reconcile_took(time.monotonic() - started)
             written = Counter(o.step.action.value for o in outcomes if o.written)
             if written:
                 log.info("reconciled", writes=dict(written), source=plan.source_state.value)
+            span.set_attribute("result", verdict.metric)
             return verdict
 
     async def _report(

@@ -140,8 +140,10 @@ class Informer(Generic[K, T]):
                         delay = 0.0
                         self.failing_since = None
                         if kind == "OPEN":
+                            self._event("OPEN")  # a sign of life: the server accepted the watch
                             continue
                         if kind == "BOOKMARK":
+                            self._event("BOOKMARK")
                             rv = (obj.get("metadata") or {}).get("resourceVersion")
                             if rv:
                                 self.resource_version = str(rv)

@@ -8,6 +8,7 @@ controllers in one process. Labels carry kinds and reason codes: never a Secret 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -22,7 +23,14 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.exposition import choose_encoder
 
 from projector.model import HASH_ANNOTATION
@@ -50,12 +58,25 @@ _LATENCY_BUCKETS = (
 class Metrics:
     """Every projector_* metric, on one registry."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,  # a fake one for tests
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._clock = clock
         r = self.registry
         self.projection_latency = Histogram(
             "projector_projection_latency_seconds",
-            "From a source or grant change observed to the copy written.",
+            "From a source or grant change observed to the copy written (one sample per copy).",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.fanout_latency = Histogram(
+            "projector_fanout_latency_seconds",
+            "From a source or grant change observed to the last copy of its fan-out written "
+            "(one sample per reconcile that wrote).",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
@@ -84,6 +105,11 @@ class Metrics:
             "projector_queue_events_total",
             "Queue adds, coalesced adds and retries.",
             ["event"],
+            registry=r,
+        )
+        self.queue_longest_running = Gauge(
+            "projector_queue_longest_running_seconds",
+            "Age of the longest reconcile under way (0 when none runs).",
             registry=r,
         )
         self.queue_wait = Histogram(
@@ -131,8 +157,22 @@ class Metrics:
         )
         self.informer_events = Counter(
             "projector_informer_events_total",
-            "Informer events by kind and type.",
+            "Informer events by kind and type: watch events, BOOKMARK, OPEN (a watch accepted), "
+            "RELIST, WATCH_RESTART (a watch ended normally and resumed), ERROR.",
             ["kind", "type"],
+            registry=r,
+        )
+        self.informer_idle = Gauge(
+            "projector_informer_seconds_since_activity",
+            "Seconds since the informer last heard from the server (an event, a bookmark, a "
+            "watch accepted, a list): a silently stalled watch makes it grow.",
+            ["kind"],
+            registry=r,
+        )
+        self.informer_stall_after = Gauge(
+            "projector_informer_stall_threshold_seconds",
+            "Silence after which an informer counts as stalled (--informer-stall-after); "
+            "the alert ProjectorInformerStalled compares against it.",
             registry=r,
         )
         self.drift_corrections = Counter(
@@ -140,8 +180,12 @@ class Metrics:
             "Copies restored after someone changed them.",
             registry=r,
         )
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
         for result in Result:
             self.reconciles.labels(result.metric)
+        for event in QUEUE_EVENTS:
+            self.queue_events.labels(event)
         for action in Action:
             if action is not Action.NOOP:
                 for outcome in WriteResult:
@@ -153,6 +197,26 @@ class Metrics:
         self._triggered: dict[str, float] = {}
         self._states: dict[str, Tally[str]] = {}
         self._ready: dict[str, bool] = {}
+        self._running: dict[str, float] = {}
+        self._heard: dict[str, float] = {}
+        self.queue_longest_running.set_function(self._longest_running)
+
+    def _longest_running(self) -> float:
+        now = self._clock()
+        return max((now - t for t in self._running.values()), default=0.0)
+
+    def bind_informers(self, kinds: Iterable[str], stall_after: float) -> None:
+        """Create the informers' label values at 0 and start their silence clocks now."""
+        self.informer_stall_after.set(stall_after)
+        now = self._clock()
+        for kind in kinds:
+            self._heard[kind] = now
+            for type_ in INFORMER_EVENTS:
+                self.informer_events.labels(kind, type_)
+            self.informer_idle.labels(kind).set_function(functools.partial(self._silence, kind))
+
+    def _silence(self, kind: str) -> float:
+        return self._clock() - self._heard[kind]
 
     def triggered(self, names: Iterable[str], now: float | None = None) -> None:
         """A change was observed for these grants: their projection latency starts now."""
@@ -163,6 +227,7 @@ class Metrics:
     def started(self, name: str, now: float) -> float | None:
         """A reconcile of `name` starts: observe its queue wait; return when it was triggered."""
         since = self._triggered.pop(name, None)
+        self._running[name] = now
         if since is not None:
             self.queue_wait.observe(now - since)
         return since
@@ -171,13 +236,14 @@ class Metrics:
         self, plan: Plan, outcomes: Sequence[Outcome], since: float | None, done: float
     ) -> None:
         """After a plan ran: projection latency per copy written, drift corrected, states."""
-        tid = trace_id()
-        exemplar = {"trace_id": tid} if tid else None
+        exemplar = _exemplar()
+        projected = 0
         for o in outcomes:
             if not o.written:
                 continue
             step = o.step
             if step.action in _PROJECTING and since is not None:
+                projected += 1
                 self.projection_latency.observe(done - since, exemplar=exemplar)
             if (
                 step.action is Action.UPDATE
@@ -186,6 +252,8 @@ class Metrics:
                 and step.existing.annotations.get(HASH_ANNOTATION) == plan.desired.hash
             ):
                 self.drift_corrections.inc()  # our content hash, other content: someone edited
+        if projected and since is not None:
+            self.fanout_latency.observe(done - since, exemplar=exemplar)
         states = Tally(o.reason.value for o in outcomes)
         old = self._states.pop(plan.grant_name, Tally())
         if plan.grant is not None:
@@ -216,9 +284,15 @@ class Metrics:
         """A renewal of the Lease failed (the leader keeps trying until its deadline)."""
         self.lease_renew_failures.inc()
 
-    def reconciled(self, result: Result) -> None:
-        """One reconcile ended with `result`."""
+    def reconciled(self, result: Result, name: str | None = None) -> None:
+        """One reconcile (of grant `name`) ended with `result`."""
         self.reconciles.labels(result.metric).inc()
+        if name is not None:
+            self._running.pop(name, None)
+
+    def reconcile_took(self, seconds: float) -> None:
+        """The duration of one reconcile, with the trace id of its span as exemplar."""
+        self.reconcile_duration.observe(seconds, exemplar=_exemplar())
 
     def write(self, action: Action, result: WriteResult) -> None:
         """One copy write ended with `result`."""
@@ -236,8 +310,10 @@ class Metrics:
         self.api_requests.labels(verb, resource, str(code)).inc()
 
     def on_informer_event(self, kind: str, type_: str) -> None:
-        """Informers' event hook."""
+        """Informers' event hook; anything but an ERROR is a sign of life from the server."""
         self.informer_events.labels(kind, type_).inc()
+        if type_ != "ERROR":
+            self._heard[kind] = self._clock()
 
     def on_queue_event(self, event: str, _key: object) -> None:
         """The work queue's event hook."""
@@ -246,25 +322,51 @@ class Metrics:
 
 _PROJECTING = frozenset({Action.CREATE, Action.UPDATE, Action.REPLACE})
 
+QUEUE_EVENTS = ("added", "coalesced", "dropped", "retried")
+"""The work queue's event names (the `event` label of projector_queue_events_total)."""
+
+INFORMER_EVENTS = (
+    *("ADDED", "MODIFIED", "DELETED", "BOOKMARK"),
+    *("OPEN", "RELIST", "WATCH_RESTART", "ERROR"),
+)
+"""The informers' event types (the `type` label of projector_informer_events_total)."""
+
+
+def _exemplar() -> dict[str, str] | None:
+    """The current trace id as an exemplar, so a slow sample links to its trace."""
+    tid = trace_id()
+    return {"trace_id": tid} if tid else None
+
 
 def _ready(ready: bool) -> str:
     return "true" if ready else "false"
 
 
+def log_processors(*, console: bool) -> list[Any]:
+    """The structlog pipeline, JSON (on a pipe) or console rendering (on a terminal).
+
+    Task-local context (grant, reconcile id, trace id) is merged into every line.
+    """
+    common: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    if console:  # the console renderer formats exceptions itself
+        return [*common, structlog.dev.ConsoleRenderer(colors=False)]
+    return [*common, structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+
+
 def configure_logging(level: str = "info", stream: Any = None) -> None:
-    """JSON logs via structlog, with task-local context (grant, namespace, trace id) merged in."""
+    """Logs via structlog: JSON on a pipe or file, console rendering on a terminal."""
+    out = stream or sys.stdout
+    isatty = getattr(out, "isatty", None)
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(),
-        ],
+        processors=log_processors(console=bool(isatty and isatty())),
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
         ),
-        logger_factory=structlog.PrintLoggerFactory(stream or sys.stdout),
+        logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=True,
     )
 

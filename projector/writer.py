@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import orjson
 import structlog
+from opentelemetry import trace
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
@@ -106,9 +107,11 @@ class Writer:
         attempts: int = 4,
         backoff: tuple[float, float] = (0.05, 2.0),
         fence: Callable[[], float] | None = None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self._api = api
         self._fence = fence
+        self._tracer = tracer or trace.get_tracer("projector")
         self._metrics = metrics
         self._slots = asyncio.Semaphore(concurrency)
         self._attempts = attempts
@@ -144,6 +147,18 @@ class Writer:
         return outcomes
 
     async def _run(self, plan: Plan, step: Step, bodies: _Bodies | None) -> Outcome:
+        # One child span per copy write: names and codes only, never content.
+        attributes = {
+            "grant": plan.grant_name,
+            "namespace": step.namespace,
+            "action": step.action.value,
+        }
+        with self._tracer.start_as_current_span("write", attributes=attributes) as span:
+            outcome = await self._run_step(plan, step, bodies)
+            span.set_attribute("result", outcome.reason.value)
+            return outcome
+
+    async def _run_step(self, plan: Plan, step: Step, bodies: _Bodies | None) -> Outcome:
         async with self._slots:
             try:
                 async for attempt in AsyncRetrying(
@@ -231,14 +246,19 @@ class Writer:
 
     async def write_status(self, name: str, status: Mapping[str, Any]) -> None:
         """Merge-patch a grant's status; a grant deleted meanwhile needs none."""
-        try:
-            await self._send(lambda api: api.patch_status(GRANTS, name, dict(status)))
-        except NotFound:
-            return  # deleted meanwhile: its copies are handled on the delete event
-        except ApiError as e:
-            log.warning("status write failed", status=e.status, reason=e.reason)
-            return
-        self._metrics.status_writes.inc()
+        attributes = {"grant": name, "action": "status"}
+        with self._tracer.start_as_current_span("write_status", attributes=attributes) as span:
+            try:
+                await self._send(lambda api: api.patch_status(GRANTS, name, dict(status)))
+            except NotFound:
+                span.set_attribute("result", "not_found")
+                return  # deleted meanwhile: its copies are handled on the delete event
+            except ApiError as e:
+                span.set_attribute("result", "error")
+                log.warning("status write failed", status=e.status, reason=e.reason)
+                return
+            span.set_attribute("result", "ok")
+            self._metrics.status_writes.inc()
 
     async def create_event(self, event: Obj, namespace: str) -> None:
         """Create an Event; best effort, so a refused Event never fails a reconcile."""

@@ -1,0 +1,174 @@
+"""The alert rules: ``deploy/prometheus/rules.yaml`` and the same as a ``PrometheusRule``.
+
+Each alert names its runbook section in ``docs/runbook.md``. The latency SLO: 99% of copies are
+written within 5 s of the change that caused them (bucket ``le="5.0"``); it pages on the
+multi-window burn rates of the SRE workbook (14.4x over 1 h and 5 m, 6x over 6 h and 30 m).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+SLO_TARGET = 0.99
+"""Share of copies written within `SLO_SECONDS` of the change observed."""
+SLO_SECONDS = "5.0"
+"""The latency bucket (``le`` label, as prometheus_client writes it) the SLO counts."""
+RUNBOOK = "docs/runbook.md"
+"""Where the runbook lives, relative to the repository root (a URL once the docs are hosted)."""
+
+WINDOWS = ("5m", "30m", "1h", "6h")
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alerting rule; `runbook` is the anchor of its section in docs/runbook.md."""
+
+    name: str
+    expr: str
+    for_: str
+    severity: str
+    summary: str
+    runbook: str
+
+
+def _slow_ratio(window: str) -> str:
+    bucket = f'projector_projection_latency_seconds_bucket{{le="{SLO_SECONDS}"}}'
+    return (
+        f"1 - (sum by (job) (rate({bucket}[{window}]))"
+        f" / sum by (job) (rate(projector_projection_latency_seconds_count[{window}])))"
+    )
+
+
+RECORDS: tuple[tuple[str, str], ...] = tuple(
+    (f"projector:projection_latency_slo_miss:ratio_rate{w}", _slow_ratio(w)) for w in WINDOWS
+)
+"""Recording rules: the share of copies slower than the SLO, per window."""
+
+_BUDGET = f"{1 - SLO_TARGET:.2f}"
+
+
+def _burn(long: str, short: str, factor: str) -> str:
+    return (
+        f"projector:projection_latency_slo_miss:ratio_rate{long} > ({factor} * {_BUDGET})\n"
+        f"and\nprojector:projection_latency_slo_miss:ratio_rate{short} > ({factor} * {_BUDGET})"
+    )
+
+
+ALERTS: tuple[Alert, ...] = (
+    Alert(
+        "ProjectorLatencySLOBurnFast",
+        _burn("1h", "5m", "14.4"),
+        "2m",
+        "critical",
+        "Projection latency burns the error budget 14.4x too fast (1h and 5m windows).",
+        "projectorlatencysloburn",
+    ),
+    Alert(
+        "ProjectorLatencySLOBurnSlow",
+        _burn("6h", "30m", "6"),
+        "15m",
+        "warning",
+        "Projection latency burns the error budget 6x too fast (6h and 30m windows).",
+        "projectorlatencysloburn",
+    ),
+    Alert(
+        "ProjectorWriteErrors",
+        'sum by (job) (rate(projector_writes_total{result="error"}[10m]))\n'
+        "/ sum by (job) (rate(projector_writes_total[10m])) > 0.05",
+        "10m",
+        "warning",
+        "More than 5% of copy writes fail.",
+        "projectorwriteerrors",
+    ),
+    Alert(
+        "ProjectorNoLeader",
+        "(max(projector_leader) or vector(0)) < 1",
+        "1m",
+        "critical",
+        "No projector replica has led for over a minute: nothing is projected.",
+        "projectornoleader",
+    ),
+    Alert(
+        "ProjectorInformerStalled",
+        "max by (job, instance, kind) (projector_informer_seconds_since_activity)\n"
+        "> on (job, instance) group_left ()\n"
+        "max by (job, instance) (projector_informer_stall_threshold_seconds)",
+        "0s",
+        "critical",
+        "Informer {{ $labels.kind }} has heard nothing from the API server for"
+        " {{ $value | humanizeDuration }}.",
+        "projectorinformerstalled",
+    ),
+    Alert(
+        "ProjectorConflicts",
+        'sum by (job) (projector_projections{state=~"Conflict|GrantConflict"}) > 0',
+        "15m",
+        "warning",
+        "{{ $value }} target namespaces hold a Secret projector may not overwrite.",
+        "projectorconflicts",
+    ),
+    Alert(
+        "ProjectorGrantsNotReady",
+        'sum by (job) (projector_grants{ready="false"}) > 0',
+        "15m",
+        "warning",
+        "{{ $value }} ProjectionGrants are not Ready.",
+        "projectorgrantsnotready",
+    ),
+)
+
+
+def groups() -> list[dict[str, Any]]:
+    """The rule groups, as Prometheus' rule file holds them."""
+    records = [{"record": name, "expr": expr} for name, expr in RECORDS]
+    alerts = [
+        {
+            "alert": a.name,
+            "expr": a.expr,
+            **({"for": a.for_} if a.for_ != "0s" else {}),
+            "labels": {"severity": a.severity},
+            "annotations": {"summary": a.summary, "runbook_url": f"{RUNBOOK}#{a.runbook}"},
+        }
+        for a in ALERTS
+    ]
+    return [
+        {"name": "projector.slo", "rules": records},
+        {"name": "projector.alerts", "rules": alerts},
+    ]
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+_NOTE = "# Generated by `python -m observability` (observability/rules.py): do not edit.\n"
+
+
+def rules_yaml() -> str:
+    """``deploy/prometheus/rules.yaml``."""
+    return _NOTE + yaml.dump({"groups": groups()}, Dumper=_Dumper, sort_keys=False, width=1000)
+
+
+def prometheus_rule_yaml() -> str:
+    """The same groups as a Prometheus Operator ``PrometheusRule``."""
+    doc = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {
+            "name": "projector",
+            "namespace": "projector-system",
+            "labels": {"app.kubernetes.io/name": "projector"},
+        },
+        "spec": {"groups": groups()},
+    }
+    return _NOTE + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=1000)

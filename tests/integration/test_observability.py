@@ -1,0 +1,279 @@
+"""Observability proven on a real Prometheus (built from its Go module) scraping a real controller.
+
+The controller projects against the real API server through a TCP proxy that can stall every
+connection without closing it. Prometheus scrapes it every second (OpenMetrics, so exemplars
+are stored) and evaluates `deploy/prometheus/rules.yaml` every second. The test evaluates every
+dashboard panel query and every rule through Prometheus' HTTP API, reads an exemplar back and
+finds its trace id in the controller's logs, then freezes the proxy and waits for the stall
+alert to fire. Pictures for docs/observability.md are drawn from the range queries
+(written into docs/ when PROJECTOR_UPDATE_DOCS=1, else into the test's tmp dir).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import re
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from observability import dashboard, pictures, rules
+from tests.controlplane.plane import ControlPlane
+from tests.launcher import REPO, ControllerProcess
+from tests.prometheus.harness import Prometheus, StallProxy, binaries
+from tests.support import Canaries, Cluster, NamespaceFactory, eventually
+
+RULES = REPO / "deploy/prometheus/rules.yaml"
+RULE_TESTS = REPO / "tests/prometheus/rules_test.yaml"
+STALL_AFTER = 8.0
+"""The controller's --informer-stall-after here; quiet watches restart every 2-3 s meanwhile."""
+
+
+@pytest.fixture(scope="session")
+def prometheus_bin() -> Path:
+    return binaries()
+
+
+def test_promtool_checks_the_rules_and_their_unit_tests_pass(prometheus_bin: Path) -> None:
+    promtool = str(prometheus_bin / "promtool")
+    check = subprocess.run(
+        [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    found = {
+        r["alert"]
+        for g in yaml.safe_load(RULES.read_text())["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
+    tested = set(re.findall(r"alertname: (\w+)", RULE_TESTS.read_text()))
+    assert found == tested, f"alerts without a promtool unit test: {found - tested}"
+    run = subprocess.run(
+        [promtool, "test", "rules", str(RULE_TESTS)], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.fixture
+def stall_proxy(control_plane: ControlPlane) -> Iterator[StallProxy]:
+    admin = yaml.safe_load(control_plane.kubeconfig.read_text())
+    server = admin["clusters"][0]["cluster"]["server"]
+    url = urllib.parse.urlsplit(server)
+    proxy = StallProxy((url.hostname or "127.0.0.1", url.port or 443))
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture
+def projector_kubeconfig(
+    projector_kubeconfig: Path, request: pytest.FixtureRequest, tmp_path: Path
+) -> Path:
+    """The shipped-RBAC kubeconfig, pointed at the stall proxy for the tests that ask for it."""
+    if "stall_proxy" not in request.fixturenames:
+        return projector_kubeconfig
+    proxy: StallProxy = request.getfixturevalue("stall_proxy")
+    cfg = yaml.safe_load(projector_kubeconfig.read_text())
+    for c in cfg["clusters"]:
+        c["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+    dest = tmp_path / "proxied-kubeconfig"
+    dest.write_text(yaml.safe_dump(cfg))
+    return dest
+
+
+def _expr(q: str) -> str:
+    return q.replace("$job", "projector").replace("$__rate_interval", "1m")
+
+
+def _value(series: list[dict[str, Any]]) -> str:
+    """One series: its value; several: how many, and the largest with its labels."""
+    if not series:
+        return ""
+    if len(series) == 1:
+        return f"{float(series[0]['value'][1]):.4g}"
+    top = max(series, key=lambda s: float(s["value"][1]))
+    labels = ",".join(f"{k}={v}" for k, v in sorted(top["metric"].items()) if k != "instance")
+    return f"{len(series)} series, max {float(top['value'][1]):.4g} ({labels})"
+
+
+def _json_lines(text: str) -> Iterator[dict[str, Any]]:
+    for line in text.splitlines():
+        if line.startswith("{"):
+            yield json.loads(line)
+
+
+def _scan(canaries: Canaries, where: str, obj: Any) -> None:
+    canaries.assert_absent(where, json.dumps(obj))
+
+
+def test_every_panel_and_alert_has_data_exemplars_link_traces_and_a_stall_fires(
+    stall_proxy: StallProxy,
+    prometheus_bin: Path,
+    start_controller: Any,
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    canaries: Canaries,
+    tmp_path: Path,
+) -> None:
+    ctl: ControllerProcess = start_controller(
+        "--watch-timeout=2", f"--informer-stall-after={STALL_AFTER:g}s"
+    )
+    prom = Prometheus(prometheus_bin, tmp_path / "prom", [f"127.0.0.1:{ctl.port}"], [RULES])
+    try:
+        # Prometheus scrapes the controller before anything happens, so rates see every change.
+        eventually(
+            lambda: prom.query('up{job="projector"} == 1'), timeout=30, message="first scrape"
+        )
+        t0 = time.time()
+        # A fan-out with a conflict and a denied namespace, then two source changes.
+        src, theirs, denied = make_namespace(), make_namespace(), make_namespace()
+        targets = [make_namespace() for _ in range(4)]
+        k8s.source(theirs, "hub", {"k": "CANARY-foreign-obs"}, exported=False)
+        k8s.source(src, "hub", {"token": "CANARY-obs-1"}, export_to=",".join([*targets, theirs]))
+        k8s.grant((src, "hub"), namespaces=[*targets, theirs, denied])
+
+        def projected(value: str) -> bool:
+            return all(k8s.copy_data(ns, "hub") == {"token": value} for ns in targets)
+
+        for before, value in (("CANARY-obs-1", "CANARY-obs-2"), ("CANARY-obs-2", "CANARY-obs-3")):
+            eventually(lambda before=before: projected(before), timeout=30)  # type: ignore[misc]
+            k8s.patch_secret(src, "hub", {"data": {"token": value}})
+        eventually(lambda: projected("CANARY-obs-3"), timeout=30)
+
+        # Prometheus has scraped the writes (the fan-out's last sample included).
+        eventually(
+            lambda: (
+                float(_value(prom.query("sum(projector_fanout_latency_seconds_count)")) or 0) >= 3
+            ),
+            timeout=30,
+            message="three fan-outs scraped",
+        )
+        eventually(
+            lambda: (
+                float(
+                    _value(prom.query('sum(projector_projections{state=~"Conflict|Denied"})')) or 0
+                )
+                >= 2
+            ),
+            timeout=30,
+            message="the conflict and the denied namespace scraped",
+        )
+        values: list[tuple[str, str, str]] = []
+
+        # Every dashboard panel query returns data; quantiles are numbers.
+        for panel in dashboard.PANELS:
+            for q in panel.queries:
+                expr = _expr(q.expr)
+                result = eventually(
+                    functools.partial(prom.query, expr),
+                    timeout=15,
+                    message=f"panel {panel.title!r}: {expr}",
+                )
+                _scan(canaries, "prometheus query results", result)
+                if "histogram_quantile" in expr:
+                    assert not math.isnan(float(result[0]["value"][1])), (panel.title, expr)
+                values.append((f"panel: {panel.title}", q.expr, _value(result)))
+
+        # Every rule evaluates without error, on Prometheus' own rule manager.
+        def rules_evaluated() -> list[dict[str, Any]]:
+            groups = prom.api("rules")["groups"]
+            evaluated = [r for g in groups for r in g["rules"]]
+            assert len(evaluated) == len(rules.RECORDS) + len(rules.ALERTS)
+            assert all(r["health"] == "ok" and not r.get("lastError") for r in evaluated), evaluated
+            return evaluated
+
+        eventually(rules_evaluated, timeout=15, message="every rule evaluated healthy")
+        for record, expr in rules.RECORDS:  # each recorded series has data
+            result = eventually(
+                functools.partial(prom.query, record), timeout=15, message=f"record {record}"
+            )
+            values.append((f"record: {record}", expr, _value(result)))
+        for alert in rules.ALERTS:
+            result = prom.query(alert.expr)  # raises on a query error
+            values.append((f"alert: {alert.name}", alert.expr, _value(result)))
+        assert not prom.firing("ProjectorInformerStalled"), "healthy informers counted as stalled"
+
+        # Exemplars: stored by Prometheus, each a trace id the controller logged a reconcile under.
+        now = time.time()
+        exemplars = prom.api(
+            "query_exemplars",
+            query="projector_projection_latency_seconds_bucket",
+            start=t0 - 60,
+            end=now + 5,
+        )
+        ids = {e["labels"]["trace_id"] for s in exemplars for e in s["exemplars"]}
+        assert ids and all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids), exemplars
+        logged = {
+            line.get("trace_id")
+            for line in _json_lines(ctl.logs())
+            if line.get("event") == "reconciled"
+        }
+        assert ids & logged, f"no exemplar trace id was logged by a reconcile: {ids}"
+
+        # A deliberately stalled informer makes the stall alert fire.
+        stalled_at = time.time()
+        stall_proxy.freeze()
+        try:
+            fired = eventually(
+                lambda: prom.firing("ProjectorInformerStalled"),
+                timeout=STALL_AFTER + 25,
+                message="ProjectorInformerStalled fires",
+            )
+            kinds = sorted(a["labels"]["kind"] for a in fired)
+            values.append(
+                (
+                    "alert fired after the freeze",
+                    "ProjectorInformerStalled",
+                    f"{len(fired)} firing: {', '.join(kinds)} "
+                    f"after {time.time() - stalled_at:.0f}s",
+                )
+            )
+        finally:
+            stall_proxy.thaw()
+        eventually(
+            lambda: not prom.firing("ProjectorInformerStalled"),
+            timeout=STALL_AFTER + 25,
+            message="the stall alert resolves once the proxy flows again",
+        )
+        end = time.time()
+
+        # Pictures of the main panels, from range queries over the whole test.
+        update = os.environ.get("PROJECTOR_UPDATE_DOCS") == "1"
+        docs = REPO / "docs" if update else tmp_path / "docs"
+        images = []
+        for panel in dashboard.PANELS:
+            if panel.title not in pictures.MAIN:
+                continue
+            series = []
+            for q in panel.queries:
+                matrix = prom.query_range(_expr(q.expr), t0 - 5, end, 1)
+                _scan(canaries, "prometheus range results", matrix)
+                series.append((q.legend, matrix))
+            rel = f"img/observability/{pictures.slug(panel.title)}.png"
+            pictures.draw(panel.title, panel.unit, series, docs / rel, heatmap=panel.heatmap, t0=t0)
+            assert (docs / rel).stat().st_size > 1000
+            images.append((panel.title, rel))
+        (docs / "observability.md").write_text(pictures.page(images, values))
+        print("\n".join(f"{w} | {e} | {v}" for w, e, v in values))
+
+        # No Secret value on the OpenMetrics page either, exemplars and all (the fixture scans
+        # the text page).
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{ctl.port}/metrics",
+            headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+        )
+        with urllib.request.urlopen(req, timeout=5) as r:
+            page = r.read().decode()
+        assert "# {trace_id=" in page
+        canaries.assert_absent("OpenMetrics page", page)
+    finally:
+        prom.stop()

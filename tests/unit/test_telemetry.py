@@ -1,0 +1,271 @@
+"""Traces, logs and metrics of one fan-out, on the in-memory API double.
+
+The span tree is read from the OpenTelemetry SDK's in-memory exporter, the logs are captured as
+event dicts through the production processor chain, and the metrics page is fetched over HTTP
+with and without the OpenMetrics Accept header.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import Any
+
+import aiohttp
+import pytest
+import structlog
+from aiohttp import web
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from projector.api import GRANTS, NAMESPACES, SECRETS
+from projector.config import Config
+from projector.controller import Controller
+from projector.queue import WorkQueue
+from projector.recorder import Recorder
+from projector.status import Result
+from projector.store import Store
+from projector.telemetry import Metrics, configure_logging, http_app, log_processors
+from projector.writer import Writer
+from tests.unit.fakeapi import FakeApi
+from tests.unit.test_store import grant_obj, ns_obj, source_obj
+
+CANARY = "canary-value-7f3a9c"
+TARGETS = ["a", "b", "c"]
+
+
+@pytest.fixture
+def spans() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider, exporter
+    provider.shutdown()
+
+
+@pytest.fixture
+def captured() -> Iterator[list[dict[str, Any]]]:
+    """Every log event dict, after the production chain's context merge (renderer dropped)."""
+    events: list[dict[str, Any]] = []
+
+    def keep(_: Any, __: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
+        events.append(dict(event))
+        raise structlog.DropEvent
+
+    chain = log_processors(console=False)[:-1]  # the JSON renderer is replaced by `keep`
+    structlog.configure(processors=[*chain, keep], cache_logger_on_first_use=False)
+    yield events
+    structlog.reset_defaults()
+
+
+async def fan_out(provider: TracerProvider, metrics: Metrics) -> tuple[FakeApi, Controller]:
+    api = FakeApi()
+    for ns in ["src", *TARGETS]:
+        api.add(NAMESPACES, ns_obj(ns))
+    source = source_obj("src", "s")
+    source["data"] = {"k": base64.b64encode(CANARY.encode()).decode()}
+    api.add(SECRETS, source)
+    api.add(GRANTS, grant_obj("g", namespaces=TARGETS))
+    store = Store(api)
+    await store.load()
+    tracer = provider.get_tracer("test")
+    writer = Writer(api, metrics=metrics, backoff=(0.001, 0.001), tracer=tracer)
+    ctl = Controller(
+        store,
+        config=Config(),
+        metrics=metrics,
+        queue=WorkQueue(),
+        writer=writer,
+        recorder=Recorder(writer, "test"),
+        tracer=tracer,
+    )
+    metrics.triggered(["g"])
+    assert await ctl.reconcile("g") is Result.OK
+    return api, ctl
+
+
+def _no_canary(where: str, text: str) -> None:
+    encoded = base64.b64encode(CANARY.encode()).decode()
+    assert CANARY not in text and encoded not in text, f"a Secret value leaked into {where}"
+
+
+async def test_one_fan_out_is_one_reconcile_span_with_a_child_per_write(
+    spans: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, exporter = spans
+    await fan_out(provider, Metrics())
+    finished: tuple[ReadableSpan, ...] = exporter.get_finished_spans()
+    roots = [s for s in finished if s.parent is None]
+    assert [s.name for s in roots] == ["reconcile"]
+    root = roots[0]
+    assert root.attributes is not None
+    assert root.attributes["grant"] == "g" and root.attributes["result"] == "success"
+    children = [s for s in finished if s.parent is not None]
+    assert all(s.parent.span_id == root.context.span_id for s in children if s.parent)
+    assert all(s.context.trace_id == root.context.trace_id for s in children)
+    writes = sorted(
+        (dict(s.attributes or {}) for s in children if s.name == "write"),
+        key=lambda a: str(a["namespace"]),
+    )
+    assert writes == [
+        {"grant": "g", "namespace": ns, "action": "Create", "result": "Projected"} for ns in TARGETS
+    ]
+    statuses = [dict(s.attributes or {}) for s in children if s.name == "write_status"]
+    assert statuses == [{"grant": "g", "action": "status", "result": "ok"}]
+    _no_canary("spans", json.dumps([json.loads(s.to_json()) for s in finished]))
+
+
+async def test_every_log_line_of_a_reconcile_carries_grant_reconcile_id_and_trace_id(
+    spans: tuple[TracerProvider, InMemorySpanExporter], captured: list[dict[str, Any]]
+) -> None:
+    provider, exporter = spans
+    await fan_out(provider, Metrics())
+    (root,) = [s for s in exporter.get_finished_spans() if s.name == "reconcile"]
+    assert captured, "a fan-out that wrote logs at least its summary line"
+    assert any(e["event"] == "reconciled" for e in captured)
+    for event in captured:
+        assert event["grant"] == "g"
+        assert event["reconcile_id"] == "1"
+        assert event["trace_id"] == f"{root.context.trace_id:032x}"
+    _no_canary("logs", json.dumps(captured, default=str))
+
+
+def test_logs_are_json_on_a_pipe_and_console_lines_on_a_terminal() -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    try:
+        pipe, tty = io.StringIO(), Tty()
+        configure_logging(stream=pipe)
+        structlog.get_logger("t").info("hello", grant="g")
+        assert json.loads(pipe.getvalue())["grant"] == "g"
+        configure_logging(stream=tty)
+        structlog.get_logger("t").info("hello", grant="g")
+        line = tty.getvalue()
+        assert "hello" in line and "grant=g" in line and not line.lstrip().startswith("{")
+    finally:
+        structlog.reset_defaults()
+
+
+async def _scrape(metrics: Metrics, accept: str | None) -> tuple[str, str]:
+    runner = web.AppRunner(http_app(metrics, alive=lambda: True, ready=lambda: True))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        headers = {"Accept": accept} if accept else {}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/metrics", headers=headers) as r,
+        ):
+            return r.headers["Content-Type"], await r.text()
+    finally:
+        await runner.cleanup()
+
+
+async def test_latency_exemplars_carry_the_reconcile_trace_id_in_openmetrics_only(
+    spans: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, exporter = spans
+    metrics = Metrics()
+    await fan_out(provider, metrics)
+    (root,) = [s for s in exporter.get_finished_spans() if s.name == "reconcile"]
+    tid = f"{root.context.trace_id:032x}"
+    kind, page = await _scrape(metrics, "application/openmetrics-text; version=1.0.0")
+    assert kind.startswith("application/openmetrics-text")
+    for name in (
+        "projector_projection_latency_seconds_bucket",
+        "projector_fanout_latency_seconds_bucket",
+        "projector_reconcile_duration_seconds_bucket",
+    ):
+        assert re.search(rf'^{name}\{{le="[^"]+"\}} \S+ # \{{trace_id="{tid}"\}}', page, re.M), name
+    kind, text = await _scrape(metrics, None)
+    assert kind.startswith("text/plain") and "trace_id" not in text
+    _no_canary("metrics", page + text)
+
+
+def _sample(page: str, name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    braces = f"\\{{{want}\\}}" if want else ""
+    m = re.search(rf"^{name}{braces} (\S+)$", page, re.M)
+    assert m, f"{name}{{{want}}} is not exposed"
+    return float(m.group(1))
+
+
+async def test_label_values_exist_at_zero_before_anything_happens() -> None:
+    metrics = Metrics()
+    metrics.bind_informers(["grants", "secrets"], 180.0)
+    _, page = await _scrape(metrics, None)
+    assert _sample(page, "projector_writes_total", action="Create", result="conflict") == 0
+    assert _sample(page, "projector_reconcile_total", result="error") == 0
+    assert _sample(page, "projector_queue_events_total", event="retried") == 0
+    assert _sample(page, "projector_informer_events_total", kind="grants", type="RELIST") == 0
+    assert _sample(page, "projector_projections", state="Conflict") == 0
+    assert _sample(page, "projector_grants", ready="false") == 0
+    assert _sample(page, "projector_informer_stall_threshold_seconds") == 180
+    assert "process_resident_memory_bytes" in page
+
+
+def test_informer_silence_grows_until_the_server_speaks_and_errors_do_not_count() -> None:
+    now = [100.0]
+    metrics = Metrics(clock=lambda: now[0])
+    metrics.bind_informers(["grants"], 30.0)
+
+    def idle() -> float | None:
+        return metrics.registry.get_sample_value(
+            "projector_informer_seconds_since_activity", {"kind": "grants"}
+        )
+
+    now[0] = 112.0
+    assert idle() == 12.0
+    metrics.on_informer_event("grants", "ERROR")
+    now[0] = 115.0
+    assert idle() == 15.0
+    metrics.on_informer_event("grants", "BOOKMARK")
+    now[0] = 116.5
+    assert idle() == 1.5
+
+
+def test_longest_running_reconcile_is_the_oldest_under_way() -> None:
+    now = [10.0]
+    metrics = Metrics(clock=lambda: now[0])
+
+    def longest() -> float | None:
+        return metrics.registry.get_sample_value("projector_queue_longest_running_seconds")
+
+    metrics.started("a", 10.0)
+    metrics.started("b", 12.0)
+    now[0] = 15.0
+    assert longest() == 5.0
+    metrics.reconciled(Result.OK, "a")
+    assert longest() == 3.0
+    metrics.reconciled(Result.OK, "b")
+    assert longest() == 0.0
+
+
+def test_spans_are_exported_over_otlp_only_when_an_endpoint_is_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from projector.telemetry import configure_tracing
+
+    def exporters(tracer: Any) -> list[Any]:
+        processors = tracer.span_processor._span_processors
+        return [p.span_exporter for p in processors if isinstance(p, BatchSpanProcessor)]
+
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    assert exporters(configure_tracing()) == []
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+    tracer: Any = configure_tracing()  # the SDK tracer, to read its processors
+    try:
+        assert [type(e) for e in exporters(tracer)] == [OTLPSpanExporter]
+    finally:
+        tracer.span_processor.shutdown()
