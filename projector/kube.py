@@ -61,8 +61,9 @@ class TokenBucket:
             self._tokens -= 1
 
 
-RequestHook = Callable[[str, str, int], None]
-"""Called after each request with (verb, resource plural, status code; 0 = no response)."""
+RequestHook = Callable[[str, str, int, float], None]
+"""Called after each request with (verb, resource plural, status code (0 = no response),
+seconds it took; a watch's seconds are those until its response headers)."""
 
 
 class Kube:
@@ -111,9 +112,9 @@ class Kube:
             ) from e
         return cls(auth, ssl, **kw)
 
-    def _record(self, verb: str, res: Resource, code: int) -> None:
+    def _record(self, verb: str, res: Resource, code: int, started: float) -> None:
         if self._on_request is not None:
-            self._on_request(verb, res.plural, code)
+            self._on_request(verb, res.plural, code, time.monotonic() - started)
 
     def _url(
         self,
@@ -156,6 +157,7 @@ class Kube:
                 # Checked again here, after the rate limit, and no connection may be waited
                 # for past the lease: a write is sent while the lease is valid, or never.
                 timeout = aiohttp.ClientTimeout(total=self._timeout.total, connect=self._fence())
+            started = time.monotonic()
             try:
                 async with self._session.request(
                     method,
@@ -169,9 +171,9 @@ class Kube:
                     status, raw = response.status, await response.read()
                     retry_after = response.headers.get("Retry-After")
             except (aiohttp.ClientError, TimeoutError, OSError) as e:
-                self._record(verb, res, 0)
+                self._record(verb, res, 0, started)
                 raise ServerError(0, type(e).__name__, str(e) or "no response") from None
-            self._record(verb, res, status)
+            self._record(verb, res, status, started)
             if status == 401 and attempt == 1:
                 await self._reauthenticate()
                 continue
@@ -249,6 +251,7 @@ class Kube:
             params["labelSelector"] = label_selector
         timeout = aiohttp.ClientTimeout(sock_connect=self._connect_timeout, sock_read=read_deadline)
         await self._limit.acquire()
+        started = time.monotonic()
         try:
             async with self._session.get(
                 self._url(res),
@@ -257,7 +260,7 @@ class Kube:
                 timeout=timeout,
                 server_hostname=self._server_name,
             ) as response:
-                self._record("WATCH", res, response.status)
+                self._record("WATCH", res, response.status, started)
                 if response.status >= 400:
                     raw = await response.read()
                     if response.status == 401:
@@ -272,7 +275,7 @@ class Kube:
                         if line.strip():
                             yield _event(line)
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            self._record("WATCH", res, 0)
+            self._record("WATCH", res, 0, started)
             raise ServerError(0, type(e).__name__, str(e) or "watch connection lost") from None
 
     async def get(

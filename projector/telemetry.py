@@ -37,6 +37,9 @@ from projector.model import HASH_ANNOTATION
 from projector.reconcile import Action, Outcome, Plan, Reason, WriteResult
 from projector.status import Result
 
+API_VERBS = ("LIST", "WATCH", "GET", "CREATE", "UPDATE", "PATCH", "DELETE")
+"""The verbs `kube.Kube` reports (its request hook's first argument)."""
+
 _LATENCY_BUCKETS = (
     0.001,
     0.0025,
@@ -124,6 +127,13 @@ class Metrics:
             ["verb", "resource", "code"],
             registry=r,
         )
+        self.api_request_duration = Histogram(
+            "projector_api_request_duration_seconds",
+            "Time of one API request, by verb (a watch: until its response headers).",
+            ["verb"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.writes = Counter(
             "projector_writes_total",
             "Writes of copies by action and result.",
@@ -182,6 +192,8 @@ class Metrics:
         )
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
+        for verb in API_VERBS:
+            self.api_request_duration.labels(verb)
         for result in Result:
             self.reconciles.labels(result.metric)
         for event in QUEUE_EVENTS:
@@ -305,9 +317,10 @@ class Metrics:
         self.queue_processing.set_function(lambda: len(queue.processing))
         self.queue_backoff.set_function(queue.failing)
 
-    def on_request(self, verb: str, resource: str, code: int) -> None:
+    def on_request(self, verb: str, resource: str, code: int, seconds: float) -> None:
         """Kube's request hook."""
         self.api_requests.labels(verb, resource, str(code)).inc()
+        self.api_request_duration.labels(verb).observe(seconds)
 
     def on_informer_event(self, kind: str, type_: str) -> None:
         """Informers' event hook; anything but an ERROR is a sign of life from the server."""

@@ -33,7 +33,7 @@ async def test_errors_are_mapped_and_leave_the_session_and_a_watch_working(
     ns = make_namespace()
     codes: Counter[int] = Counter()
     kube = await Kube.connect(
-        str(projector_kubeconfig), on_request=lambda _v, _r, c: codes.update([c])
+        str(projector_kubeconfig), on_request=lambda _v, _r, c, _s: codes.update([c])
     )
     try:
         seen: list[str] = []
@@ -85,7 +85,7 @@ async def test_a_401_reauthenticates_once_then_reports_it(
 ) -> None:
     bad = bad_token_kubeconfig(projector_kubeconfig, tmp_path / "kubeconfig")
     codes: list[int] = []
-    kube = await Kube.connect(str(bad), on_request=lambda _v, _r, c: codes.append(c))
+    kube = await Kube.connect(str(bad), on_request=lambda _v, _r, c, _s: codes.append(c))
     try:
         with pytest.raises(ApiError) as err:
             await kube.get(SECRETS, "x", namespace="default")
