@@ -385,7 +385,11 @@ class Projection:
                 "destination": destination,
             },
         }
-        custom.create_cluster_custom_object(self.GROUP, self.API_VERSION, self.PLURAL, body)
+        try:
+            custom.create_cluster_custom_object(self.GROUP, self.API_VERSION, self.PLURAL, body)
+        except k8s.ApiException as exc:
+            if exc.status != 409:  # already there: a rerun against the same cluster
+                raise
         wait_copies(
             core, source_ns, source_name, self.copy_name(source_name), targets, timeout, self.name
         )
