@@ -23,9 +23,10 @@ export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 
 log() { printf '[peers] %s\n' "$*" >&2; }
 
-# build NAME VERSION ARCHIVE MODULE PKG(relative, e.g. . or ./cmd) -> binary at $dir/NAME
+# build NAME VERSION ARCHIVE MODULE PKG(relative, e.g. . or ./cmd) QUERY(for go install)
+#   -> binary at $dir/NAME
 build() {
-  local name="$1" version="$2" archive="$3" module="$4" pkg="$5"
+  local name="$1" version="$2" archive="$3" module="$4" pkg="$5" query="$6"
   local dir="$cache/peers/$name-$version" src="$cache/src/peers/$name-$version"
   local start=$SECONDS
   mkdir -p "$dir"
@@ -43,17 +44,16 @@ build() {
         || { log "FAILED: no CRDs at config/crd/bases in $archive"; return 1; }
     fi
   else
-    log "no $peers_src/$archive: go install $module/${pkg#./}@$version"
-    local gobin="$cache/src/peers/$name-$version-bin"
-    mkdir -p "$gobin"
-    local target="$module"
+    local gobin="$cache/src/peers/$name-$version-bin" target="$module"
     [[ "$pkg" != . ]] && target="$module/${pkg#./}"
-    GOBIN="$gobin" go install -trimpath -ldflags "-s -w" "$target@$version" \
-      || { log "FAILED: go install $target@$version (error above)"; return 1; }
+    log "no $peers_src/$archive: go install $target@$query"
+    mkdir -p "$gobin"
+    GOBIN="$gobin" go install -trimpath -ldflags "-s -w" "$target@$query" \
+      || { log "FAILED: go install $target@$query (error above)"; return 1; }
     mv "$gobin/$(basename "$target")" "$dir/$name.tmp"
     if [[ "$name" == projection ]]; then
       local msrc
-      msrc="$(cd / && go list -m -json "$module@$version" | python3 -c 'import json,sys; print(json.load(sys.stdin).get("Dir",""))')"
+      msrc="$(cd / && go list -m -json "$module@$query" | python3 -c 'import json,sys; print(json.load(sys.stdin).get("Dir",""))')"
       mkdir -p "$dir/crds" && cp "$msrc"/config/crd/bases/*.yaml "$dir/crds/" && chmod u+w "$dir"/crds/*.yaml \
         || { log "FAILED: no CRDs at config/crd/bases in $module@$version"; return 1; }
     fi
@@ -66,7 +66,8 @@ build() {
 build_replicator() {
   local dir="$cache/peers/kubernetes-replicator-$REPLICATOR_VERSION"
   if [[ -x "$dir/kubernetes-replicator" ]]; then echo "$dir"; return 0; fi
-  build kubernetes-replicator "$REPLICATOR_VERSION" "$REPLICATOR_ARCHIVE" "$REPLICATOR_MODULE" .
+  build kubernetes-replicator "$REPLICATOR_VERSION" "$REPLICATOR_ARCHIVE" "$REPLICATOR_MODULE" . \
+    "$REPLICATOR_VERSION"
 }
 
 build_projection() {
@@ -74,7 +75,8 @@ build_projection() {
   if [[ -x "$dir/projection" ]] && compgen -G "$dir/crds/*.yaml" >/dev/null; then
     echo "$dir"; return 0
   fi
-  build projection "$PROJECTION_VERSION" "$PROJECTION_ARCHIVE" "$PROJECTION_MODULE" ./cmd
+  build projection "$PROJECTION_VERSION" "$PROJECTION_ARCHIVE" "$PROJECTION_MODULE" ./cmd \
+    "$PROJECTION_COMMIT"
 }
 
 status=0
