@@ -1,7 +1,9 @@
 """`python -m benchmarks [full|quick|tiny]`: start a control plane, run every benchmark.
 
-full: the sizes of DESIGN §8 (tens of minutes); quick: under 5 minutes; tiny: seconds, the
-smoke run inside `make test` so the benchmark code never rots (its numbers mean nothing).
+full: the sizes of DESIGN §8 (tens of minutes), into benchmarks/results/; quick: small sizes
+(about 10 minutes with the peers), into benchmarks/results-quick/; tiny: the smoke run inside
+`make test` so the benchmark code never rots (its numbers mean nothing; peers only if already
+built, never built by it).
 """
 
 from __future__ import annotations
