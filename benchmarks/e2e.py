@@ -82,9 +82,11 @@ class Series:
 
     def result(self, metric: str) -> dict[str, Any]:
         out: dict[str, Any] = {metric: summary(self.times, "ms")}
+        out[metric]["values"] = [round(x, 3) for x in self.times]
         if self.cpu_per_write:
             out["client_cpu_per_write"] = summary(self.cpu_per_write, "ms")
             out["client_cpu_per_write"]["total_writes"] = sum(self.writes)
+            out["client_cpu_per_write"]["values"] = [round(x, 4) for x in self.cpu_per_write]
         return out
 
 
