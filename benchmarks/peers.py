@@ -332,7 +332,8 @@ class Projection:
         return build(self.TARGET) / self.BINARY
 
     def built(self) -> Path | None:
-        return cached(self.name, self.version, self.BINARY)
+        binary = cached(self.name, self.version, self.BINARY)
+        return binary if binary and any((binary.parent / "crds").glob("*.yaml")) else None
 
     def start(self, kubeconfig: Path, log_path: Path) -> subprocess.Popen[bytes]:
         binary = self.ensure_built()
