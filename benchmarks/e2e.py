@@ -9,8 +9,11 @@ alike; each block's first sample is a warm-up, dropped and counted in the result
            aiohttp + orjson in its own process (benchmarks/floor.py), same concurrency (32),
            timed to the watch event of its last write. Peers: projection and
            kubernetes-replicator, built from source, each with its own source and copies.
-           Client CPU per write: the controller's process CPU (/proc) over a sample, settle
-           included, / its writes; the floor's process_time() over its writes / writes.
+           Client CPU per write: the controller's process CPU (/proc, user + system) from
+           before the trigger until it has used none for 0.3 s after the last copy, / its
+           Update writes (its /metrics, read outside that window); the floor's process_time()
+           around its writes, in its own process, / writes; a peer's like the controller's,
+           / copies.
 - latency: one source, one copy, updates at a fixed rate. Floor: two write+watch round trips
            (what the controller must do) on the same aiohttp + orjson client.
 - burst:   many updates in about a second to one source with many copies: writes per copy
@@ -60,6 +63,24 @@ def _cpu(pid: int) -> float:
     """Process CPU seconds (user + system, every thread) of a running process, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def cpu_when_quiet(pid: int, quiet: float = 0.3, within: float = 30.0) -> float:
+    """The process's CPU seconds once it has used none for `quiet` seconds (read from /proc).
+
+    Ends the CPU window of a sample without asking the process anything (a /metrics scrape
+    would cost it CPU of its own); after `within`, the last reading.
+    """
+    last, since = _cpu(pid), time.monotonic()
+    deadline = since + within
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        now = _cpu(pid)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            break
+    return last
 
 
 @dataclass
@@ -272,10 +293,11 @@ async def _peer_block(
             await watch.until(watch.all_equal(copies, st.value), 1200)
             for i in range(per_block + 1):
                 st.value = values.next()
-                cpu0 = _cpu(proc.pid)
+                cpu0 = await cpu_when_quiet(proc.pid)
                 t0 = await put_value(obs, st.src, st.name, "token", st.value)
                 t1 = await watch.reached(copies, st.value, 1200)
-                st.series.add(i == 0, t1 - t0, _cpu(proc.pid) - cpu0, len(copies))
+                cpu = await cpu_when_quiet(proc.pid) - cpu0
+                st.series.add(i == 0, t1 - t0, cpu, len(copies))
     finally:
         peers.stop(proc)
         api.close()
@@ -399,11 +421,11 @@ async def _fanout_blocks(
             for i in range(per_block + 1):
                 value = values.projector = values.next()
                 w0 = ctl.metric("projector_writes_total", action="Update", result="ok")
-                cpu0 = ctl.cpu_seconds()
+                cpu0 = await cpu_when_quiet(ctl.proc.pid)
                 t0 = await put_value(obs, src, "hub", "token", value)
                 t1 = await watch.reached(copies, value, 600)
+                cpu = await cpu_when_quiet(ctl.proc.pid) - cpu0
                 await settle(ctl)
-                cpu = ctl.cpu_seconds() - cpu0
                 w = ctl.metric("projector_writes_total", action="Update", result="ok") - w0
                 proj.add(i == 0, t1 - t0, cpu, w)
         # the floor

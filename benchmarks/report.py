@@ -110,11 +110,12 @@ orjson, in its own process, with the admin kubeconfig's client certificate, key 
 the same concurrency as projector's write path (32), timed to the watch event of its last write.
 For one change and one copy, the floor is two write+watch round trips on that client (write A,
 see A, write B, see B), the least a controller must do. Client CPU per write: for projector, the
-controller process's CPU time (/proc, user + system) from just before the trigger to the moment
-it has settled after the last copy (one /metrics scrape included), divided by its Update writes
-(projector_writes_total); for the floor, `time.process_time()` around its writes in its own
-process (nothing else runs there), divided by the writes; for peers, their process CPU over the
-sample divided by the copies (10 ms clock ticks: coarse for small fan-outs).
+controller process's CPU time (/proc, user + system) from just before the trigger until it has
+used no CPU for 0.3 s after the last copy (so its handling of its own writes' watch events
+counts; nothing is asked of it in that window), divided by its Update writes
+(projector_writes_total, read outside the window); for the floor, `time.process_time()` around
+its writes in its own process (nothing else runs there), divided by the writes; for peers, like
+projector's, divided by the copies (10 ms clock ticks: coarse for small fan-outs).
 
 Peers, built from source by `benchmarks/peers/build.sh` (archives of their public repositories
 outside this repository, dependencies from the Go module proxy; `go install` of the pinned
