@@ -98,8 +98,9 @@ bench: install binaries .local/prod-venv/.synced ## every benchmark at DESIGN §
 	$(PY) -m benchmarks full
 	$(PY) -m benchmarks.report
 
-bench-quick: install binaries .local/prod-venv/.synced ## the same benchmarks at small sizes (under 5 minutes)
-	$(PY) -m benchmarks quick
+bench-quick: install binaries .local/prod-venv/.synced ## the same benchmarks at small sizes, into benchmarks/results-quick/
+	$(PY) -m benchmarks quick --out benchmarks/results-quick
+	$(PY) -m benchmarks.report --results benchmarks/results-quick --target benchmarks/results-quick/benchmarks.md
 
 clean: ## remove local state (the binary cache outside the repo is kept)
 	-$(PY) -m tests.controlplane down

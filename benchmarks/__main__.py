@@ -1,7 +1,9 @@
 """`python -m benchmarks [full|quick|tiny]`: start a control plane, run every benchmark.
 
-full: the sizes of DESIGN §8 (tens of minutes); quick: under 5 minutes; tiny: seconds, the
-smoke run inside `make test` so the benchmark code never rots (its numbers mean nothing).
+full: the sizes of DESIGN §8 (tens of minutes), into benchmarks/results/; quick: small sizes
+(about 10 minutes with the peers), into benchmarks/results-quick/; tiny: the smoke run inside
+`make test` so the benchmark code never rots (its numbers mean nothing; peers only if already
+built, never built by it).
 """
 
 from __future__ import annotations
@@ -21,12 +23,16 @@ from benchmarks.harness import control_plane
 from projector.kube import Kube
 
 SIZES: dict[str, dict[str, Any]] = {
+    # fanout: (namespaces, blocks, samples per block); every block adds one warm-up sample.
+    # peer_blocks: how many of those blocks each peer gets (the first ones), by namespaces.
+    # latency: (blocks, samples per block, updates per second).
     "full": {
         "hot": (10, 1_000, 10_000),
         "hot_repeats": 15,
-        "fanout": ((100, 30), (1_000, 8)),
-        "peer_reps": {100: 3, 1_000: 1},
-        "latency": (300, 20.0),
+        "fanout": ((100, 10, 3), (1_000, 5, 1)),
+        "peer_blocks": {100: 5, 1_000: 1},
+        "build_peers": True,
+        "latency": (10, 30, 20.0),
         "burst": (1_000, 100),
         "world": (1_000, 1_000, 10, 10_000),
         "failover": (3, ("defaults (15 s lease)", "5 s lease")),
@@ -34,9 +40,10 @@ SIZES: dict[str, dict[str, Any]] = {
     "quick": {
         "hot": (10, 1_000),
         "hot_repeats": 7,
-        "fanout": ((100, 10), (1_000, 3)),
-        "peer_reps": {100: 2},
-        "latency": (100, 20.0),
+        "fanout": ((100, 4, 2), (1_000, 2, 1)),
+        "peer_blocks": {100: 2},
+        "build_peers": True,
+        "latency": (4, 20, 20.0),
         "burst": (1_000, 100),
         "world": (100, 100, 10, 1_000),
         "failover": (1, ("5 s lease",)),
@@ -44,14 +51,17 @@ SIZES: dict[str, dict[str, Any]] = {
     "tiny": {
         "hot": (10,),
         "hot_repeats": 2,
-        "fanout": ((5, 2),),
-        "peer_reps": {},
-        "latency": (3, 20.0),
+        "fanout": ((5, 1, 1),),
+        "peer_blocks": {5: 1},  # only peers already built: tiny never builds one
+        "build_peers": False,
+        "latency": (1, 2, 20.0),
         "burst": (20, 3),
         "world": (4, 4, 2, 10),
         "failover": (1, ("2 s lease",)),
     },
 }
+OUT = {"full": RESULTS, "quick": RESULTS.parent / "results-quick"}
+"""Where each size writes by default: quick never overwrites the committed full-size results."""
 
 
 async def run_e2e(
@@ -61,10 +71,19 @@ async def run_e2e(
     paths: list[Path] = []
     try:
         if "fanout" in only:
-            for n, reps in size["fanout"]:
-                peer_reps = size["peer_reps"].get(n, 0)
+            for n, blocks, per_block in size["fanout"]:
                 paths.append(
-                    await e2e.fanout(kube, kubeconfig, work, n, reps, out=out, peer_reps=peer_reps)
+                    await e2e.fanout(
+                        kube,
+                        kubeconfig,
+                        work,
+                        n,
+                        blocks,
+                        per_block,
+                        out=out,
+                        peer_blocks=size["peer_blocks"].get(n, 0),
+                        build_peers=size["build_peers"],
+                    )
                 )
                 if n >= 1_000:  # the default client-side rate limit, then without it
                     paths.append(
@@ -73,15 +92,18 @@ async def run_e2e(
                             kubeconfig,
                             work,
                             n,
-                            reps,
+                            blocks,
+                            per_block,
                             ["--qps=0"],
                             out=out,
                             name=f"fanout-{n}-qps0",
                         )
                     )
         if "latency" in only:
-            updates, rate = size["latency"]
-            paths.append(await e2e.latency(kube, kubeconfig, work, updates, rate, out=out))
+            blocks, per_block, rate = size["latency"]
+            paths.append(
+                await e2e.latency(kube, kubeconfig, work, blocks, per_block, rate, out=out)
+            )
         if "burst" in only:
             n_updates, n_copies = size["burst"]
             paths.append(await e2e.burst(kube, kubeconfig, work, n_updates, n_copies, out=out))
@@ -101,7 +123,12 @@ async def run_e2e(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks")
     p.add_argument("size", nargs="?", default="quick", choices=sorted(SIZES))
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="results folder (default: benchmarks/results for full, benchmarks/results-quick "
+        "for quick; tiny requires it)",
+    )
     p.add_argument("--only", default="hotpath,fanout,latency,burst,failover,restart")
     p.add_argument(
         "--kubeconfig",
@@ -110,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = p.parse_args(argv)
     size, only = SIZES[a.size], set(a.only.split(","))
+    if a.out is None:
+        if a.size not in OUT:
+            p.error(f"{a.size} needs --out (its numbers mean nothing; never into results/)")
+        a.out = OUT[a.size]
     os.environ["PROJECTOR_BENCH_SIZE"] = a.size  # recorded in every result file
     started = time.monotonic()
     paths: list[Path] = []

@@ -1,6 +1,8 @@
 """Shared benchmark plumbing: timing statistics, machine facts, and the result file format.
 
-Every benchmark writes `benchmarks/results/<name>.json`:
+Every benchmark writes `<out>/<name>.json`, where out is `benchmarks/results/` for the full
+size (the committed numbers of docs/benchmarks.md), `benchmarks/results-quick/` for quick, and
+any folder given with --out (tiny requires one):
 {name, parameters, systems: {system: {metric: {value, unit, samples, ...}}}, ratios, machine,
 commit, date}. Statistics are medians and percentiles over repeated samples (this machine is
 shared and noisy), never single runs.

@@ -1,23 +1,35 @@
 """End-to-end benchmarks against the real control plane, each beside its floor, in one run.
 
-- fanout:  1 source -> N namespaces; from the source update's response to the last copy seen
-           (by watch) with the new value. Floor: the same N PUTs by a bare asyncio writer, same
-           HTTP stack, same concurrency, timed to the last write seen by the same kind of watch.
-- latency: one source, one copy, updates at a fixed rate; from the update's response to the
-           copy seen. Floor: two raw write-and-watch round trips (what the controller must do).
+Every time is from t0, just before the triggering write is sent, to t1, the watch event that
+shows the last copy with the new value (for every system alike). Each system runs alone in its
+block (started for it, stopped after it); blocks alternate, so drifts in machine load hit all
+alike; each block's first sample is a warm-up, dropped and counted in the result file.
+
+- fanout:  1 source -> N namespaces. Floor: the same N PUTs by a bare asyncio writer on
+           aiohttp + orjson in its own process (benchmarks/floor.py), same concurrency (32),
+           timed to the watch event of its last write. Peers: projection and
+           kubernetes-replicator, built from source, each with its own source and copies.
+           Client CPU per write: the controller's process CPU (/proc, user + system) from
+           before the trigger until it has used none for 0.3 s after the last copy, / its
+           Update writes (its /metrics, read outside that window); the floor's process_time()
+           around its writes, in its own process, / writes; a peer's like the controller's,
+           / copies.
+- latency: one source, one copy, updates at a fixed rate. Floor: two write+watch round trips
+           (what the controller must do) on the same aiohttp + orjson client.
 - burst:   many updates in about a second to one source with many copies: writes per copy
            (MODIFIED events seen), and whether the final state is exact.
 - restart: a world of G grants x K namespaces; restart the controller: time to ready, time to
            settled, writes issued (must be 0); RSS at that size; then RSS and CPU while as many
            unrelated Secrets as copies are created.
-Samples alternate between projector and the floor, so drift in machine load hits both alike.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +37,7 @@ from kubernetes import client as k8s
 
 from benchmarks import peers
 from benchmarks.common import RESULTS, summary, write_result
+from benchmarks.floor import WRITE_CONCURRENCY, FloorProcess, Observer, observer
 from benchmarks.harness import (
     EXPORT,
     Watcher,
@@ -38,30 +51,88 @@ from benchmarks.harness import (
     settle,
     unb64,
 )
-from projector.api import GRANTS, SECRETS, Obj
+from projector.api import GRANTS, SECRETS
 from projector.kube import Kube
 from tests.support import api_client, b64
 
 MANAGED = "projector.nebari.dev/managed-by=projector"
 EXPORT_ALL = {"projector.nebari.dev/export-to": "*"}
-WRITE_CONCURRENCY = 32  # projector's default --write-concurrency; the floor uses the same
 
 
-async def _floor_round(
-    kube: Kube,
-    bodies: dict[tuple[str, str], Obj],
-    key: str,
-    value: str,
-    limit: int = WRITE_CONCURRENCY,
-) -> None:
-    """PUT every body with a new value (each with its last known resourceVersion)."""
+def _cpu(pid: int) -> float:
+    """Process CPU seconds (user + system, every thread) of a running process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    async def one(k: tuple[str, str]) -> None:
-        body = bodies[k]
-        body["data"][key] = b64(value)
-        bodies[k] = await kube.replace(SECRETS, body, namespace=k[0])
 
-    await gather_limited((one(k) for k in bodies), limit)
+async def cpu_when_quiet(pid: int, quiet: float = 0.3, within: float = 30.0) -> float:
+    """The process's CPU seconds once it has used none for `quiet` seconds (read from /proc).
+
+    Ends the CPU window of a sample without asking the process anything (a /metrics scrape
+    would cost it CPU of its own); after `within`, the last reading.
+    """
+    last, since = _cpu(pid), time.monotonic()
+    deadline = since + within
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        now = _cpu(pid)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            break
+    return last
+
+
+@dataclass
+class Series:
+    """One system's samples over its blocks: end-to-end times and client CPU per write."""
+
+    times: list[float] = field(default_factory=list)
+    cpu_per_write: list[float] = field(default_factory=list)
+    writes: list[float] = field(default_factory=list)
+    warmup_dropped: int = 0
+
+    def add(self, warmup: bool, seconds: float, cpu: float | None, writes: float) -> None:
+        if warmup:
+            self.warmup_dropped += 1
+            return
+        self.times.append(seconds * 1000)
+        self.writes.append(writes)
+        if cpu is not None and writes:
+            self.cpu_per_write.append(cpu * 1000 / writes)
+
+    def result(self, metric: str) -> dict[str, Any]:
+        out: dict[str, Any] = {metric: summary(self.times, "ms")}
+        out[metric]["values"] = [round(x, 3) for x in self.times]
+        if self.cpu_per_write:
+            out["client_cpu_per_write"] = summary(self.cpu_per_write, "ms")
+            out["client_cpu_per_write"]["total_writes"] = sum(self.writes)
+            out["client_cpu_per_write"]["values"] = [round(x, 4) for x in self.cpu_per_write]
+        return out
+
+
+class Values:
+    """Unique values for one run, so a sample never sees an old one."""
+
+    def __init__(self, run: str) -> None:
+        self.run, self.n = run, 0
+        self.current = self.projector = f"{run}-v0"
+
+    def next(self) -> str:
+        self.n += 1
+        self.current = f"{self.run}-v{self.n}"
+        return self.current
+
+
+@dataclass
+class PeerState:
+    peer: peers.Peer
+    src: str
+    name: str
+    label: str
+    ready: bool = False
+    value: str = "v0"
+    series: Series = field(default_factory=Series)
 
 
 async def fanout(
@@ -69,12 +140,22 @@ async def fanout(
     kubeconfig: Path,
     work: Path,
     n: int,
-    reps: int,
+    blocks: int,
+    per_block: int,
     flags: Sequence[str] = (),
     out: Path = RESULTS,
     name: str = "",
-    peer_reps: int = 0,
+    peer_blocks: int = 0,
+    build_peers: bool = True,
 ) -> Path:
+    """1 source -> n namespaces, each system alone in its block, blocks alternating.
+
+    Order: projector, floor, projection, replicator, projector, ... Each block starts its system
+    (the controller, the floor process, a peer), waits until its copies hold the current value,
+    takes 1 warm-up sample (dropped, counted) and `per_block` samples, then stops it. A sample:
+    t0 just before the triggering write is sent (the source update; for the floor, its first
+    PUT), t1 the watch event of the last copy with the new value, seen by a Watcher here.
+    """
     tag = f"fan{n}"
     src, targets = f"{tag}-src", [f"{tag}-{i}" for i in range(n)]
     await namespaces(kube, [src], {})
@@ -88,52 +169,87 @@ async def fanout(
     )
     await ensure(kube, GRANTS, grant(tag, (src, "hub"), selector={"bench": tag}))
     copies = [(ns, "hub") for ns in targets]
-    floor_items, _ = await kube.list(SECRETS, label_selector=f"bench-floor={tag}")
-    bodies = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in floor_items}
-    proj: list[float] = []
-    floor: list[float] = []
-    run = name or f"fanout-{n}"  # values unique to this run: a rerun never sees old ones
-    start = f"{run}-v0"
-    await put_value(kube, src, "hub", "token", start)
-    async with (
-        controller(kubeconfig, work / f"controller-{run}.log", *flags),
-        Watcher(kube, MANAGED, "token") as watch,
-        Watcher(kube, f"bench-floor={tag}", "token") as fwatch,
-    ):
-        await watch.until(watch.all_equal(copies, start), 600)
-        for r in range(1, reps + 1):
-            value = f"{run}-v{r}"
-            t0 = await put_value(kube, src, "hub", "token", value)
-            proj.append(await watch.until(watch.all_equal(copies, value), 600) - t0)
-            t0 = time.monotonic()
-            await _floor_round(kube, bodies, "token", value)
-            floor.append(await fwatch.until(fwatch.all_equal(bodies, value), 600) - t0)
+    floor_keys = [(ns, "floor") for ns in targets]
+    run = name or f"fanout-{n}"
+    values = Values(run)
+    await put_value(kube, src, "hub", "token", values.current)
+    proj, floor = Series(), Series()
+    unavailable: dict[str, str] = {}
+    peer_states: list[PeerState] = []
+    if peer_blocks:
+        await namespaces(kube, [f"{tag}-peer-src"], {})
+        for peer in peers.all_peers():
+            try:
+                if build_peers:
+                    peer.ensure_built()
+                elif peer.built() is None:
+                    raise peers.PeerUnavailable(
+                        f"{peer.name} {peer.version} not built (benchmarks/peers/build.sh "
+                        "builds it; this size never builds peers)"
+                    )
+            except peers.PeerUnavailable as e:
+                unavailable[peer.name] = str(e).strip().splitlines()[-1][:300]
+                continue
+            short = "repl" if "replicator" in peer.name else peer.name
+            st = PeerState(peer, f"{tag}-peer-src", f"{tag}-{short}", f"{tag}-{short}")
+            await ensure(kube, SECRETS, secret(st.name, {"token": "v0"}), st.src)
+            peer_states.append(st)
+
+    async with observer(kubeconfig) as obs:
+        await _fanout_blocks(
+            kube,
+            obs,
+            kubeconfig,
+            work,
+            run,
+            flags,
+            tag,
+            src,
+            targets,
+            copies,
+            floor_keys,
+            proj,
+            floor,
+            peer_states,
+            values,
+            blocks,
+            per_block,
+            peer_blocks,
+        )
     await kube.delete(GRANTS, tag)
-    p, f = summary([s * 1000 for s in proj], "ms"), summary([s * 1000 for s in floor], "ms")
-    systems: dict[str, Any] = {"projector": {"last_copy": p}, "floor": {"last_copy": f}}
+    systems: dict[str, Any] = {
+        "projector": proj.result("last_copy"),
+        "floor": floor.result("last_copy"),
+    }
+    p, f = systems["projector"]["last_copy"], systems["floor"]["last_copy"]
     ratios = {
         "projector/floor p50": p["median"] / f["median"],
         "projector/floor p99": p["p99"] / f["p99"],
     }
-    unavailable: dict[str, str] = {}
-    if peer_reps:
-        for peer in peers.all_peers():
-            try:
-                samples = await _peer_fanout(kube, kubeconfig, work, peer, tag, targets, peer_reps)
-            except peers.PeerUnavailable as e:
-                unavailable[peer.name] = str(e).strip().splitlines()[-1][:300]
-                continue
-            s_peer = summary([x * 1000 for x in samples], "ms")
-            systems[f"{peer.name} {peer.version}"] = {"last_copy": s_peer}
-            ratios[f"projector/{peer.name} p50"] = p["median"] / s_peer["median"]
+    warmups = {"projector": proj.warmup_dropped, "floor": floor.warmup_dropped}
+    for st in peer_states:
+        key = f"{st.peer.name} {st.peer.version}"
+        systems[key] = st.series.result("last_copy")
+        warmups[key] = st.series.warmup_dropped
+        s_peer = systems[key]["last_copy"]
+        ratios[f"projector/{st.peer.name} p50"] = p["median"] / s_peer["median"]
+        ratios[f"{st.peer.name}/floor p50"] = s_peer["median"] / f["median"]
+    if "client_cpu_per_write" in systems["projector"]:
+        ratios["projector/floor client CPU per write p50"] = (
+            systems["projector"]["client_cpu_per_write"]["median"]
+            / systems["floor"]["client_cpu_per_write"]["median"]
+        )
     return write_result(
-        name or f"fanout-{n}",
+        run,
         {
             "namespaces": n,
-            "repetitions": reps,
+            "blocks": blocks,
+            "samples_per_block": per_block,
+            "warmup_dropped": warmups,
             "flags": list(flags),
             "write_concurrency": WRITE_CONCURRENCY,
-            "peer_repetitions": peer_reps,
+            "floor_client": "aiohttp + orjson, own process",
+            "peer_blocks": peer_blocks,
             "peers_unavailable": unavailable,
         },
         systems,
@@ -142,51 +258,67 @@ async def fanout(
     )
 
 
-async def _peer_fanout(
-    kube: Kube,
+async def _peer_block(
+    obs: Observer,
     kubeconfig: Path,
     work: Path,
-    peer: peers.Peer,
+    st: PeerState,
     tag: str,
     targets: list[str],
-    reps: int,
-) -> list[float]:
-    """The same fan-out by a peer, run with its defaults; its own source and copies."""
-    peer.ensure_built()
-    src, name = f"{tag}-peer-src", f"{tag}-peer"
-    await namespaces(kube, [src], {})
-    await ensure(kube, SECRETS, secret(name, {"token": "v0"}), src)
+    per_block: int,
+    values: Values,
+) -> None:
+    """One block of a peer, run with its defaults: its own source, its own copies."""
+    peer = st.peer
     api = api_client(kubeconfig)
     core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
     proc = peer.start(kubeconfig, work / f"{peer.name}-{tag}.log")
-    samples: list[float] = []
+    copies = [(ns, peer.copy_name(st.name)) for ns in targets]
     try:
         await asyncio.to_thread(peer.wait_ready, proc)
-        await asyncio.to_thread(
-            peer.setup_fanout, core, custom, src, name, targets, 1200.0, {"bench-peer": tag}
-        )
-        copies = [(ns, peer.copy_name(name)) for ns in targets]
-        async with Watcher(kube, f"bench-peer={tag}", "token") as watch:
-            await watch.until(watch.all_equal(copies, "v0"), 1200)
-            for r in range(1, reps + 1):
-                value = f"v{r}"
-                t0 = await put_value(kube, src, name, "token", value)
-                samples.append(await watch.until(watch.all_equal(copies, value), 1200) - t0)
+        if not st.ready:
+            await asyncio.to_thread(
+                peer.setup_fanout,
+                core,
+                custom,
+                st.src,
+                st.name,
+                targets,
+                1200.0,
+                {"bench-peer": st.label},
+                ("bench", tag),
+            )
+            st.ready = True
+        async with Watcher(obs, f"bench-peer={st.label}", "token") as watch:
+            await watch.until(watch.all_equal(copies, st.value), 1200)
+            for i in range(per_block + 1):
+                st.value = values.next()
+                cpu0 = await cpu_when_quiet(proc.pid)
+                t0 = await put_value(obs, st.src, st.name, "token", st.value)
+                t1 = await watch.reached(copies, st.value, 1200)
+                cpu = await cpu_when_quiet(proc.pid) - cpu0
+                st.series.add(i == 0, t1 - t0, cpu, len(copies))
     finally:
         peers.stop(proc)
         api.close()
-    return samples
 
 
 async def latency(
     kube: Kube,
     kubeconfig: Path,
     work: Path,
-    updates: int,
+    blocks: int,
+    per_block: int,
     rate: float,
     debounces: Sequence[str] = ("0", "default"),
     out: Path = RESULTS,
 ) -> Path:
+    """One source, one copy; each system alone in its block, blocks alternating.
+
+    projector (each debounce): t0 just before the source update is sent, t1 the watch event of
+    the copy. The floor: two write+watch round trips (write A, see A, write B, see B: the least a
+    controller must do) by the aiohttp + orjson client, timed in its own process.
+    """
     src, dst = "lat-src", "lat-dst"
     await namespaces(kube, [src, dst], {})
     await ensure(
@@ -195,53 +327,124 @@ async def latency(
     for n in ("floor-a", "floor-b"):
         await ensure(kube, SECRETS, secret(n, {"token": "v0"}, labels={"bench-floor": "lat"}), dst)
     await ensure(kube, GRANTS, grant("lat", (src, "hub"), targets=[dst]))
-    systems: dict[str, Any] = {}
-    floor: list[float] = []
-    items, _ = await kube.list(SECRETS, label_selector="bench-floor=lat")
-    bodies = {o["metadata"]["name"]: o for o in items}
-    counter = 0
-    for debounce in debounces:
-        flags = [] if debounce == "default" else [f"--debounce={debounce}"]
-        samples: list[float] = []
-        async with (
-            controller(kubeconfig, work / f"controller-lat-{debounce}.log", *flags),
-            Watcher(kube, MANAGED, "token") as watch,
-            Watcher(kube, "bench-floor=lat", "token") as fwatch,
-        ):
-            await watch.until(lambda: (dst, "hub") in watch.values, 120)
-            start = time.monotonic()
-            for i in range(updates):
-                counter += 1
-                value = f"v{counter}"
-                await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
-                t0 = await put_value(kube, src, "hub", "token", value)
-                samples.append(await watch.until(watch.all_equal([(dst, "hub")], value)) - t0)
-                # the floor: write A, see A, write B, see B
-                t0 = time.monotonic()
-                for n in ("floor-a", "floor-b"):
-                    body = bodies[n]
-                    body["data"]["token"] = b64(value)
-                    bodies[n] = await kube.replace(SECRETS, body, namespace=dst)
-                    await fwatch.until(fwatch.all_equal([(dst, n)], value))
-                floor.append(time.monotonic() - t0)
-        systems[f"projector (debounce {debounce})"] = {
-            "end_to_end": summary([s * 1000 for s in samples], "ms")
-        }
-    f = summary([s * 1000 for s in floor], "ms")
-    systems["floor (2 write+watch round trips)"] = {"end_to_end": f}
+    series = {d: Series() for d in debounces}
+    floor = Series()
+    values = Values("lat")
+    async with observer(kubeconfig) as obs:
+        for b in range(blocks):
+            for debounce in debounces:
+                flags = [] if debounce == "default" else [f"--debounce={debounce}"]
+                async with (
+                    controller(kubeconfig, work / f"controller-lat-{debounce}-{b}.log", *flags),
+                    Watcher(obs, MANAGED, "token") as watch,
+                ):
+                    await watch.until(lambda: (dst, "hub") in watch.values, 120)
+                    start = time.monotonic()
+                    for i in range(per_block + 1):
+                        value = values.next()
+                        await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
+                        t0 = await put_value(obs, src, "hub", "token", value)
+                        t1 = await watch.reached([(dst, "hub")], value)
+                        series[debounce].add(i == 0, t1 - t0, None, 1)
+            async with FloorProcess(kubeconfig, work / "floor-lat.log") as fp:
+                await fp.call("watch", selector="bench-floor=lat")
+                start = time.monotonic()
+                for i in range(per_block + 1):
+                    value = values.next()
+                    await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
+                    r = await fp.call(
+                        "roundtrips",
+                        namespace=dst,
+                        names=["floor-a", "floor-b"],
+                        key="token",
+                        value=value,
+                    )
+                    floor.add(i == 0, r["t1"] - r["t0"], r["cpu"], r["writes"])
+    systems: dict[str, Any] = {
+        f"projector (debounce {d})": series[d].result("end_to_end") for d in debounces
+    }
+    f = floor.result("end_to_end")
+    systems["floor (2 write+watch round trips)"] = f
     ratios = {
-        f"{k} / floor p50": v["end_to_end"]["median"] / f["median"]
+        f"{k} / floor p50": v["end_to_end"]["median"] / f["end_to_end"]["median"]
         for k, v in systems.items()
         if k.startswith("projector")
     }
     await kube.delete(GRANTS, "lat")
     return write_result(
         "latency",
-        {"updates": updates, "rate_per_s": rate, "debounces": list(debounces)},
+        {
+            "blocks": blocks,
+            "samples_per_block": per_block,
+            "rate_per_s": rate,
+            "debounces": list(debounces),
+            "warmup_dropped": {
+                **{f"projector (debounce {d})": series[d].warmup_dropped for d in debounces},
+                "floor": floor.warmup_dropped,
+            },
+            "floor_client": "aiohttp + orjson, own process",
+        },
         systems,
         ratios,
         out=out,
     )
+
+
+async def _fanout_blocks(
+    kube: Kube,
+    obs: Observer,
+    kubeconfig: Path,
+    work: Path,
+    run: str,
+    flags: Sequence[str],
+    tag: str,
+    src: str,
+    targets: list[str],
+    copies: list[tuple[str, str]],
+    floor_keys: list[tuple[str, str]],
+    proj: Series,
+    floor: Series,
+    peer_states: list[PeerState],
+    values: Values,
+    blocks: int,
+    per_block: int,
+    peer_blocks: int,
+) -> None:
+    for b in range(blocks):
+        # projector
+        async with (
+            controller(kubeconfig, work / f"controller-{run}-{b}.log", *flags) as ctl,
+            Watcher(obs, MANAGED, "token") as watch,
+        ):
+            await watch.until(watch.all_equal(copies, values.projector), 600)
+            await settle(ctl)
+            for i in range(per_block + 1):
+                value = values.projector = values.next()
+                w0 = ctl.metric("projector_writes_total", action="Update", result="ok")
+                cpu0 = await cpu_when_quiet(ctl.proc.pid)
+                t0 = await put_value(obs, src, "hub", "token", value)
+                t1 = await watch.reached(copies, value, 600)
+                cpu = await cpu_when_quiet(ctl.proc.pid) - cpu0
+                await settle(ctl)
+                w = ctl.metric("projector_writes_total", action="Update", result="ok") - w0
+                proj.add(i == 0, t1 - t0, cpu, w)
+        # the floor
+        async with (
+            FloorProcess(kubeconfig, work / f"floor-{run}.log") as fp,
+            Watcher(obs, f"bench-floor={tag}", "token") as fwatch,
+        ):
+            await fp.call("load", selector=f"bench-floor={tag}")
+            for i in range(per_block + 1):
+                floor_value = values.next()
+                r = await fp.call(
+                    "fanout", key="token", value=floor_value, concurrency=WRITE_CONCURRENCY
+                )
+                t1 = await fwatch.reached(floor_keys, floor_value, 600)
+                floor.add(i == 0, t1 - r["t0"], r["cpu"], r["writes"])
+        # the peers
+        if b < peer_blocks:
+            for st in peer_states:
+                await _peer_block(obs, kubeconfig, work, st, tag, targets, per_block, values)
 
 
 async def burst(

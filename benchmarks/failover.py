@@ -77,7 +77,7 @@ async def _one(
             t0 = time.monotonic()
             first.proc.send_signal(sig)
             await put_value(kube, SRC, "hub", "token", f"{run}-after")
-            done = await watch.until(watch.all_equal(copy, f"{run}-after"), 120)
+            done = await watch.reached(copy, f"{run}-after", 120)
             first.stop()
     return done - t0
 

@@ -1,9 +1,13 @@
 """End-to-end benchmark plumbing: a control plane, bulk setup, a controller process, a watcher.
 
-The harness speaks to the API server with projector's own client (`projector.kube.Kube`), so
-the floor (a bare asyncio writer) uses exactly the same HTTP stack as the controller. Every
-system, projector, the floor and the peers, runs with the same admin identity (exempt from API
-priority and fairness), against the same control plane, in the same run.
+The harness sets things up with projector's own client (`projector.kube.Kube`), but triggers
+and observes end-to-end samples with `benchmarks.floor.Observer` (aiohttp + orjson), so the
+observer is the same, and fast, whatever the system under test; the floor is a separate process
+on that client (see `benchmarks/floor.py`). Every system, projector, the floor and the peers,
+runs with the same admin identity (exempt from API priority and fairness), against the same
+control plane, in the same run, and is timed the same way: t0 just before the triggering write
+is sent, t1 the watch event (seen by a `Watcher` of this process) that shows the last copy with
+the new value.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.floor import Observer
 from projector.api import GRANTS, NAMESPACES, SECRETS, Obj
 from projector.errors import Conflict
 from projector.kube import Kube
@@ -109,23 +114,30 @@ def grant(
     }
 
 
-async def put_value(kube: Kube, ns: str, name: str, key: str, value: str) -> float:
-    """Patch one key of a Secret; returns the monotonic time the response arrived."""
+async def put_value(kube: Kube | Observer, ns: str, name: str, key: str, value: str) -> float:
+    """Set one key of a Secret (read, then PUT): the monotonic time just before the PUT is sent.
+
+    That is t0 of every end-to-end sample, for every system: the triggering write's own
+    round trip counts, as it does for the floor, whose t0 is taken before its first write.
+    """
     body = await kube.get(SECRETS, name, namespace=ns)
     body["data"][key] = b64(value)
+    t0 = time.monotonic()
     await kube.replace(SECRETS, body, namespace=ns)
-    return time.monotonic()
+    return t0
 
 
 class Watcher:
     """Follows Secrets matching a label selector; records when each reached a wanted value."""
 
-    def __init__(self, kube: Kube, label_selector: str, key: str) -> None:
+    def __init__(self, kube: Kube | Observer, label_selector: str, key: str) -> None:
         self.kube = kube
         self.selector = label_selector
         self.key = key
         self.values: dict[tuple[str, str], str] = {}
         self.modified: dict[tuple[str, str], int] = {}
+        self.since: dict[tuple[str, str], float] = {}
+        """When (monotonic, on receipt of its watch event) each Secret got its current value."""
         self._waiters: list[tuple[Callable[[], bool], asyncio.Future[float]]] = []
         self._task: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
@@ -144,10 +156,13 @@ class Watcher:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
 
-    def _see(self, o: Obj) -> None:
+    def _see(self, o: Obj, now: float | None = None) -> None:
         m = o["metadata"]
         v = (o.get("data") or {}).get(self.key)
-        self.values[(m["namespace"], m["name"])] = unb64(v) if v else ""
+        k, value = (m["namespace"], m["name"]), unb64(v) if v else ""
+        if self.values.get(k) != value:
+            self.since[k] = time.monotonic() if now is None else now
+        self.values[k] = value
 
     async def _run(self, rv: str) -> None:
         while True:
@@ -164,6 +179,7 @@ class Watcher:
                 rv = o.get("metadata", {}).get("resourceVersion", rv)
                 if kind == "BOOKMARK":
                     continue
+                now = time.monotonic()
                 m = o["metadata"]
                 k = (m["namespace"], m["name"])
                 if kind == "DELETED":
@@ -171,8 +187,7 @@ class Watcher:
                 else:
                     if kind == "MODIFIED":
                         self.modified[k] = self.modified.get(k, 0) + 1
-                    self._see(o)
-                now = time.monotonic()
+                    self._see(o, now)
                 for cond, fut in list(self._waiters):
                     if not fut.done() and cond():
                         fut.set_result(now)
@@ -185,6 +200,18 @@ class Watcher:
         fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         self._waiters.append((cond, fut))
         return await asyncio.wait_for(fut, within)
+
+    async def reached(
+        self, keys: Iterable[tuple[str, str]], value: str, within: float = 120.0
+    ) -> float:
+        """When the last of `keys` got `value`: the receipt time of that watch event.
+
+        Exact whenever it is awaited (values are unique per sample, so a key's current value
+        was set by exactly one event), unlike `until`, which returns "now" if already true.
+        """
+        ks = list(keys)
+        await self.until(self.all_equal(ks, value), within)
+        return max(self.since[k] for k in ks)
 
     def all_equal(self, keys: Iterable[tuple[str, str]], value: str) -> Callable[[], bool]:
         ks = list(keys)

@@ -1,7 +1,8 @@
 """The peer controllers that benchmarks run side by side with projector (DESIGN.md section 8).
 
-Each peer is built from its Go module by ``benchmarks/peers/build.sh`` (pinned in
-``benchmarks/peers/versions.env``) into ``$cache/peers/<name>-<version>/`` and run out of cluster
+Each peer is built from source by ``benchmarks/peers/build.sh`` (pinned in
+``benchmarks/peers/versions.env``: the archives of ``../shared/peers``, else ``go install`` of the
+pinned version) into ``$cache/peers/<name>-<version>/`` and run out of cluster
 against the admin kubeconfig of the local control plane, "as a user would": with its own defaults,
 except what running out of cluster on a shared machine needs (kubeconfig, loopback ports, logs).
 
@@ -11,7 +12,8 @@ A benchmark uses a peer in four steps::
     peer.ensure_built()                                   # PeerUnavailable if it cannot be built
     proc = peer.start(kubeconfig, log_path)
     peer.wait_ready(proc)
-    peer.setup_fanout(core_v1, custom_objects, "src", "db", ["t1", "t2"])  # copies in place
+    peer.setup_fanout(core_v1, custom_objects, "src", "db", ["t1", "t2"],
+                      namespace_label=("bench", "x"))     # copies in place
     ...update src/db, watch Secrets named peer.copy_name("db") in t1, t2...
     stop(proc)
 """
@@ -179,6 +181,10 @@ class Peer(Protocol):
         """Build the peer (a no-op when cached); PeerUnavailable with the exact error if not."""
         ...
 
+    def built(self) -> Path | None:
+        """The binary if already built (never builds), else None."""
+        ...
+
     def start(self, kubeconfig: Path, log_path: Path) -> subprocess.Popen[bytes]:
         """Start the peer out of cluster with the given admin kubeconfig, logging to log_path."""
         ...
@@ -196,8 +202,14 @@ class Peer(Protocol):
         targets: Sequence[str],
         timeout: float = 600.0,
         labels: Mapping[str, str] | None = None,
+        namespace_label: tuple[str, str] | None = None,
     ) -> None:
-        """Project the existing Secret source_ns/source_name into targets; return once in place."""
+        """Project the existing Secret source_ns/source_name into targets; return once in place.
+
+        `labels` go on the source (both peers copy them onto the copies, so a label selector
+        finds the copies); `namespace_label` (key, value) selects the targets by label, as the
+        projector grant of the same benchmark does, else the targets are named.
+        """
         ...
 
     def copy_name(self, source_name: str) -> str:
@@ -207,23 +219,19 @@ class Peer(Protocol):
 
 @dataclass
 class Replicator:
-    """kubernetes-replicator (github.com/mittwald/kubernetes-replicator) v1.0.0, 2019-03-05.
+    """kubernetes-replicator (github.com/mittwald/kubernetes-replicator) v2.12.4, commit f535dd9.
 
-    The only version the module proxy serves here (see versions.env); built with client-go
-    v5.0.1 as pinned by its glide.lock. v1.0.0 is pull-based only: there is no ``replicate-to``
-    (that came in v2). The source opts in with ``replicator.v1.mittwald.de/replication-allowed:
-    "true"`` and ``replication-allowed-namespaces`` (comma-separated, each an unanchored Go
-    regexp); each target namespace holds a Secret of its own annotated
-    ``replicator.v1.mittwald.de/replicate-from: <ns>/<name>``, whose ``data`` the controller
-    overwrites from the source's.
+    Built from source (see versions.env and build.sh). Push fan-out: the source carries
+    ``replicator.v1.mittwald.de/replicate-to-matching: "LABEL=VALUE"`` and the controller creates
+    (then updates) a copy of the same name in every namespace with that label; copies keep the
+    source's labels. No status object: a copy is current when its annotation
+    ``replicator.v1.mittwald.de/replicated-from-version`` equals the source's resourceVersion
+    (the benchmarks use unique values instead, which says the same).
 
-    Run with its defaults: one informer over every Secret and ConfigMap in the cluster,
-    ``--resync-period=30m``, --allow-all off, client-go's default rate limit of 5 QPS / burst 10,
-    one event handler goroutine writing copies one by one, no leader election (v1.0.0 has none),
-    no namespace scoping, no metrics (only ``/healthz``, 200 once its informers have synced).
-    Out of cluster we pass ``--kubeconfig``, ``--status-addr=127.0.0.1:<free port>`` (default
-    ``:9102``) and glog's ``--logtostderr`` (client-go logs through glog, which otherwise writes
-    files into /tmp).
+    Run with its defaults, client-go's 5 QPS / burst 10 included, out of cluster with
+    ``-kubeconfig``, ``-status-addr=127.0.0.1:<free port>`` (default ``:9102``), and only Secrets
+    replicated (``-replicate-configmaps=false -replicate-roles=false
+    -replicate-role-bindings=false -replicate-service-accounts=false``). Ready: ``/readyz`` 200.
     """
 
     name: str = "kubernetes-replicator"
@@ -231,25 +239,31 @@ class Replicator:
     status_port: int = 0
     log_path: Path = Path(os.devnull)
 
-    ALLOWED: ClassVar[str] = "replicator.v1.mittwald.de/replication-allowed"
-    ALLOWED_NAMESPACES: ClassVar[str] = "replicator.v1.mittwald.de/replication-allowed-namespaces"
-    REPLICATE_FROM: ClassVar[str] = "replicator.v1.mittwald.de/replicate-from"
+    REPLICATE_TO_MATCHING: ClassVar[str] = "replicator.v1.mittwald.de/replicate-to-matching"
+    BINARY: ClassVar[str] = "kubernetes-replicator"
+    TARGET: ClassVar[str] = "replicator"
 
     def ensure_built(self) -> Path:
-        return build("replicator") / "kubernetes-replicator"
+        return build(self.TARGET) / self.BINARY
+
+    def built(self) -> Path | None:
+        return cached(self.name, self.version, self.BINARY)
 
     def start(self, kubeconfig: Path, log_path: Path) -> subprocess.Popen[bytes]:
         self.status_port, self.log_path = free_port(), log_path
         args = [
             str(self.ensure_built()),
-            f"--kubeconfig={kubeconfig}",
-            f"--status-addr=127.0.0.1:{self.status_port}",
-            "--logtostderr",
+            f"-kubeconfig={kubeconfig}",
+            f"-status-addr=127.0.0.1:{self.status_port}",
+            "-replicate-configmaps=false",
+            "-replicate-roles=false",
+            "-replicate-role-bindings=false",
+            "-replicate-service-accounts=false",
         ]
         return spawn(args, log_path)
 
     def wait_ready(self, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-        url = f"http://127.0.0.1:{self.status_port}/healthz"
+        url = f"http://127.0.0.1:{self.status_port}/readyz"
         wait_http_ok(proc, url, self.log_path, timeout, self.name)
 
     def setup_fanout(
@@ -261,28 +275,21 @@ class Replicator:
         targets: Sequence[str],
         timeout: float = 600.0,
         labels: Mapping[str, str] | None = None,
+        namespace_label: tuple[str, str] | None = None,
     ) -> None:
-        """Allow the targets on the source, then create one replicate-from Secret per target.
+        """Annotate the source to replicate to the namespaces labelled `namespace_label`.
 
-        The allow-list is the targets' common prefix as one anchored regexp when they share one
-        (as a user with 1,000 tenant namespaces would write ``^tenant-``), else each name
-        anchored: v1.0.0 compiles every entry for every permission check.
+        Without a label, the targets are given as anchored regexps (``replicate-to``).
         """
-        prefix = os.path.commonprefix(list(targets))  # noqa: RUF071 - characters are meant
-        allowed = f"^{prefix}" if prefix else ",".join(f"^{t}$" for t in targets)
-        annotate(
-            core, source_ns, source_name, {self.ALLOWED: "true", self.ALLOWED_NAMESPACES: allowed}
+        if namespace_label:
+            ann = {self.REPLICATE_TO_MATCHING: f"{namespace_label[0]}={namespace_label[1]}"}
+        else:
+            ann = {"replicator.v1.mittwald.de/replicate-to": ",".join(f"^{t}$" for t in targets)}
+        core.patch_namespaced_secret(
+            source_name,
+            source_ns,
+            {"metadata": {"annotations": ann, "labels": dict(labels or {})}},
         )
-        for target in targets:
-            body = k8s.V1Secret(
-                metadata=k8s.V1ObjectMeta(
-                    name=self.copy_name(source_name),
-                    labels=dict(labels or {}),
-                    annotations={self.REPLICATE_FROM: f"{source_ns}/{source_name}"},
-                ),
-                type="Opaque",  # a typed Secret (e.g. kubernetes.io/tls) cannot start empty
-            )
-            core.create_namespaced_secret(target, body)
         wait_copies(
             core, source_ns, source_name, self.copy_name(source_name), targets, timeout, self.name
         )
@@ -293,49 +300,49 @@ class Replicator:
 
 @dataclass
 class Projection:
-    """projection (github.com/projection-operator/projection, formerly be0x74a/projection) v0.3.1.
+    """projection (github.com/projection-operator/projection) main at bb25bf3 (after v0.3.1).
 
-    NOT BUILDABLE HERE: the module proxy refuses every version of both module paths (see
-    versions.env), so ensure_built() raises PeerUnavailable with the proxy's words; the rest is
-    written from the v0.3.1 source and has not been run.
+    Built from source (see versions.env and build.sh). A controller-runtime operator with two
+    cluster-wide CRDs (group ``projection.sh/v1``). A fan-out is one cluster-scoped
+    ``ClusterProjection`` with ``spec.source`` {kind: Secret, namespace, name} and
+    ``spec.destination.namespaceSelector`` (or ``namespaces``); the source must carry
+    ``projection.sh/projectable: "true"`` (default ``--source-mode=allowlist``). Copies keep the
+    source's name and labels, and are labelled ``projection.sh/owned-by-cluster-projection-uid``.
 
-    A controller-runtime operator with two cluster-wide CRDs (group ``projection.sh/v1``). A
-    fan-out is one cluster-scoped ``ClusterProjection`` with ``spec.source`` {kind: Secret,
-    namespace, name} and ``spec.destination.namespaces`` (or a ``namespaceSelector``); the
-    source must carry ``projection.sh/projectable: "true"`` (default ``--source-mode=allowlist``).
-    Copies keep the source's name (``destination.name`` unset).
-
-    Run with its defaults: ``--selector-write-concurrency=16``, ``--requeue-interval=30s``,
-    secure (authn/authz-filtered HTTPS) metrics, controller-runtime's client rate limit, no
-    namespace scoping. Out of cluster we pass ``--kubeconfig``,
-    ``--metrics-bind-address=127.0.0.1:<free port>`` (default "0", off),
-    ``--health-probe-bind-address=127.0.0.1:<free port>`` (default ``:8081``) and leave
-    ``--leader-elect`` at its default, false. start() first installs the CRDs shipped in the
-    module (``config/crd/bases``, copied next to the binary by build.sh).
+    Run with its defaults (``--selector-write-concurrency=16``, no client-side rate limit, no
+    leader election), out of cluster with ``--kubeconfig``, ``--metrics-bind-address=0`` (off)
+    and ``--health-probe-bind-address=127.0.0.1:<free port>`` (default ``:8081``). Ready:
+    ``/readyz`` 200. start() first installs the CRDs of its source (``config/crd/bases``, copied
+    next to the binary by build.sh).
     """
 
     name: str = "projection"
     version: str = field(default_factory=lambda: read_versions(VERSIONS_FILE)["PROJECTION_VERSION"])
     probe_port: int = 0
-    metrics_port: int = 0
     log_path: Path = Path(os.devnull)
 
     GROUP: ClassVar[str] = "projection.sh"
     API_VERSION: ClassVar[str] = "v1"
     PLURAL: ClassVar[str] = "clusterprojections"
     PROJECTABLE: ClassVar[str] = "projection.sh/projectable"
+    BINARY: ClassVar[str] = "projection"
+    TARGET: ClassVar[str] = "projection"
 
     def ensure_built(self) -> Path:
-        return build("projection") / "projection"
+        return build(self.TARGET) / self.BINARY
+
+    def built(self) -> Path | None:
+        binary = cached(self.name, self.version, self.BINARY)
+        return binary if binary and any((binary.parent / "crds").glob("*.yaml")) else None
 
     def start(self, kubeconfig: Path, log_path: Path) -> subprocess.Popen[bytes]:
         binary = self.ensure_built()
         install_crds(kubeconfig, sorted((binary.parent / "crds").glob("*.yaml")))
-        self.probe_port, self.metrics_port, self.log_path = free_port(), free_port(), log_path
+        self.probe_port, self.log_path = free_port(), log_path
         args = [
             str(binary),
             f"--kubeconfig={kubeconfig}",
-            f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
+            "--metrics-bind-address=0",
             f"--health-probe-bind-address=127.0.0.1:{self.probe_port}",
         ]
         return spawn(args, log_path)
@@ -353,24 +360,49 @@ class Projection:
         targets: Sequence[str],
         timeout: float = 600.0,
         labels: Mapping[str, str] | None = None,
+        namespace_label: tuple[str, str] | None = None,
     ) -> None:
-        annotate(core, source_ns, source_name, {self.PROJECTABLE: "true"})
+        core.patch_namespaced_secret(
+            source_name,
+            source_ns,
+            {
+                "metadata": {
+                    "annotations": {self.PROJECTABLE: "true"},
+                    "labels": dict(labels or {}),
+                }
+            },
+        )
+        destination: dict[str, Any] = (
+            {"namespaceSelector": {"matchLabels": {namespace_label[0]: namespace_label[1]}}}
+            if namespace_label
+            else {"namespaces": list(targets)}
+        )
         body: dict[str, Any] = {
             "apiVersion": f"{self.GROUP}/{self.API_VERSION}",
             "kind": "ClusterProjection",
             "metadata": {"name": f"{source_ns}.{source_name}"},
             "spec": {
                 "source": {"kind": "Secret", "namespace": source_ns, "name": source_name},
-                "destination": {"namespaces": list(targets)},
+                "destination": destination,
             },
         }
-        custom.create_cluster_custom_object(self.GROUP, self.API_VERSION, self.PLURAL, body)
+        try:
+            custom.create_cluster_custom_object(self.GROUP, self.API_VERSION, self.PLURAL, body)
+        except k8s.ApiException as exc:
+            if exc.status != 409:  # already there: a rerun against the same cluster
+                raise
         wait_copies(
             core, source_ns, source_name, self.copy_name(source_name), targets, timeout, self.name
         )
 
     def copy_name(self, source_name: str) -> str:
         return source_name
+
+
+def cached(name: str, version: str, binary: str) -> Path | None:
+    """The peer's binary if build.sh already built it (no build is started), else None."""
+    path = cache_dir() / "peers" / f"{name}-{version}" / binary
+    return path if path.is_file() and os.access(path, os.X_OK) else None
 
 
 def install_crds(kubeconfig: Path, paths: Sequence[Path], timeout: float = 60.0) -> None:
@@ -411,7 +443,7 @@ def secret_value(data: Mapping[str, str] | None, key: str) -> str | None:
 
 def all_peers() -> tuple[Peer, ...]:
     """A fresh instance of each peer (an instance remembers the ports of its last start)."""
-    return (Replicator(), Projection())
+    return (Projection(), Replicator())
 
 
 __all__ = [

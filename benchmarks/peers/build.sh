@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Build the benchmark peers (DESIGN.md section 8) from their published Go modules into a cache
-# outside the repository, keyed by version: $cache/peers/<name>-<version>/. A second run finds the
-# binaries and exits at once. Nothing of a peer's source is kept in this repository: a small
-# wrapper module of ours requires the peer's module and `go build`s its main package.
+# Build the benchmark peers (DESIGN.md section 8) into a cache outside the repository, keyed by
+# version: $cache/peers/<name>-<version>/. A second run finds the binaries and exits at once.
+#
+# Source: the archives of their public repositories in $PROJECTOR_PEERS_SRC (default: the
+# `shared/peers` folder next to this repository's directory, see its README), unpacked into
+# $cache/src/peers/; their Go dependencies come from the module proxy (about 4 minutes each on 2
+# cores, cold module cache). Where the folder or an archive is absent: `go install` of the pinned
+# version. Nothing of a peer's source is kept in this repository.
 #
 #   build.sh [replicator|projection|all]   (default: all)
 #
@@ -10,91 +14,69 @@
 # Exit status: 0 if every requested peer is ready, 1 if any could not be built.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
 cache="${PROJECTOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/projector}"
-export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+peers_src="${PROJECTOR_PEERS_SRC:-$(dirname "$repo")/shared/peers}"
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 
 log() { printf '[peers] %s\n' "$*" >&2; }
 
-# Wrapper module in $1 requiring "$2" (module@version) plus "$3" (more module@version lines),
-# importing package $4 so `go mod tidy` resolves everything it needs.
-wrapper() {
-  local work="$1" main_req="$2" pins="$3" pkg="$4" name="$5"
-  [[ -f "$work/go.sum" ]] && return 0
-  mkdir -p "$work"
-  (
-    cd "$work"
-    rm -f go.mod go.sum
-    go mod init "projector.invalid/peers/$name" >/dev/null 2>&1
-    go mod edit -go=1.26.0 -require="$main_req"
-    local pin
-    for pin in $pins; do go mod edit -require="$pin"; done
-    printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$pkg" > tools.go
-    go mod tidy >&2
-  ) || { rm -f "$work/go.sum"; return 1; }
-}
-
-# go mod download, printing the module's directory; the proxy's own words on failure.
-download_dir() {
-  local out
-  out="$(cd / && go mod download -json "$1")" || true
-  python3 -c 'import json,sys; d=json.loads(sys.argv[1] or "{}"); print(d.get("Dir") or sys.exit(d.get("Error") or "no Dir"))' "$out"
+# build NAME VERSION ARCHIVE MODULE PKG(relative, e.g. . or ./cmd) QUERY(for go install)
+#   -> binary at $dir/NAME
+build() {
+  local name="$1" version="$2" archive="$3" module="$4" pkg="$5" query="$6"
+  local dir="$cache/peers/$name-$version" src="$cache/src/peers/$name-$version"
+  local start=$SECONDS
+  mkdir -p "$dir"
+  if [[ -f "$peers_src/$archive" ]]; then
+    log "building $name $version from $peers_src/$archive (cold: about 4 minutes on 2 cores)"
+    rm -rf "$src" && mkdir -p "$src"
+    tar -xzf "$peers_src/$archive" -C "$src" \
+      || { log "FAILED: cannot unpack $peers_src/$archive"; return 1; }
+    local top
+    top="$(find "$src" -mindepth 1 -maxdepth 1 -type d | head -1)"
+    (cd "$top" && go build -trimpath -ldflags "-s -w" -o "$dir/$name.tmp" "$pkg") \
+      || { log "FAILED: go build $pkg in $top (error above)"; return 1; }
+    if [[ "$name" == projection ]]; then
+      mkdir -p "$dir/crds" && cp "$top"/config/crd/bases/*.yaml "$dir/crds/" \
+        || { log "FAILED: no CRDs at config/crd/bases in $archive"; return 1; }
+    fi
+  else
+    local gobin="$cache/src/peers/$name-$version-bin" target="$module"
+    [[ "$pkg" != . ]] && target="$module/${pkg#./}"
+    log "no $peers_src/$archive: go install $target@$query"
+    mkdir -p "$gobin"
+    GOBIN="$gobin" go install -trimpath -ldflags "-s -w" "$target@$query" \
+      || { log "FAILED: go install $target@$query (error above)"; return 1; }
+    mv "$gobin/$(basename "$target")" "$dir/$name.tmp"
+    if [[ "$name" == projection ]]; then
+      local msrc
+      msrc="$(cd / && go list -m -json "$module@$query" | python3 -c 'import json,sys; print(json.load(sys.stdin).get("Dir",""))')"
+      mkdir -p "$dir/crds" && cp "$msrc"/config/crd/bases/*.yaml "$dir/crds/" && chmod u+w "$dir"/crds/*.yaml \
+        || { log "FAILED: no CRDs at config/crd/bases in $module@$version"; return 1; }
+    fi
+  fi
+  mv "$dir/$name.tmp" "$dir/$name"
+  log "$name $version ready in $dir ($(( SECONDS - start ))s)"
+  echo "$dir"
 }
 
 build_replicator() {
-  local name=kubernetes-replicator version="$REPLICATOR_VERSION"
-  local dir="$cache/peers/$name-$version" work="$cache/src/peers/$name-$version"
-  if [[ -x "$dir/$name" ]]; then echo "$dir"; return 0; fi
-  local start=$SECONDS src
-  log "resolving $REPLICATOR_MODULE@$version"
-  src="$(download_dir "$REPLICATOR_MODULE@$version")" \
-    || { log "FAILED: go mod download $REPLICATOR_MODULE@$version (error above)"; return 1; }
-  # Every pseudo-version pinned must be the commit the module's own glide.lock names.
-  local pin mod ver hash locked
-  for pin in $REPLICATOR_PINS; do
-    mod="${pin%@*}" ver="${pin#*@}"
-    [[ "$ver" =~ -([0-9a-f]{12})$ ]] || continue
-    hash="${BASH_REMATCH[1]}"
-    locked="$(awk -v m="$mod" '$1=="-" && $2=="name:" {cur=$3} $1=="version:" && cur==m {print $2; exit}' \
-      "$src/glide.lock")"
-    [[ "$locked" == "$hash"* ]] \
-      || { log "FAILED: pin $pin does not match glide.lock ($mod: ${locked:-absent})"; return 1; }
-  done
-  wrapper "$work" "$REPLICATOR_MODULE@$version" "$REPLICATOR_PINS" "$REPLICATOR_MODULE" replicator \
-    || { log "FAILED: go mod tidy for $REPLICATOR_MODULE@$version in $work (error above)"; return 1; }
-  log "building $name $version (cold: about 3 minutes on 2 cores)"
-  mkdir -p "$dir"
-  (cd "$work" && go build -trimpath -ldflags "-s -w" -o "$dir/$name.tmp" "$REPLICATOR_MODULE") \
-    || { log "FAILED: go build $REPLICATOR_MODULE@$version (error above)"; return 1; }
-  mv "$dir/$name.tmp" "$dir/$name"
-  log "$name $version ready in $dir ($(( SECONDS - start ))s)"
-  echo "$dir"
+  local dir="$cache/peers/kubernetes-replicator-$REPLICATOR_VERSION"
+  if [[ -x "$dir/kubernetes-replicator" ]]; then echo "$dir"; return 0; fi
+  build kubernetes-replicator "$REPLICATOR_VERSION" "$REPLICATOR_ARCHIVE" "$REPLICATOR_MODULE" . \
+    "$REPLICATOR_VERSION"
 }
 
 build_projection() {
-  local name=projection version="$PROJECTION_VERSION"
-  local dir="$cache/peers/$name-$version" work="$cache/src/peers/$name-$version"
-  if [[ -x "$dir/$name" ]] && compgen -G "$dir/crds/*.yaml" >/dev/null; then
+  local dir="$cache/peers/projection-$PROJECTION_VERSION"
+  if [[ -x "$dir/projection" ]] && compgen -G "$dir/crds/*.yaml" >/dev/null; then
     echo "$dir"; return 0
   fi
-  local start=$SECONDS src
-  log "resolving $PROJECTION_MODULE@$version"
-  src="$(download_dir "$PROJECTION_MODULE@$version")" \
-    || { log "FAILED: go mod download $PROJECTION_MODULE@$version (error above)"; return 1; }
-  wrapper "$work" "$PROJECTION_MODULE@$version" "" "$PROJECTION_MODULE/cmd" projection \
-    || { log "FAILED: go mod tidy for $PROJECTION_MODULE@$version in $work (error above)"; return 1; }
-  log "building $name $version"
-  mkdir -p "$dir/crds"
-  (cd "$work" && go build -trimpath -ldflags "-s -w" -o "$dir/$name.tmp" "$PROJECTION_MODULE/cmd") \
-    || { log "FAILED: go build $PROJECTION_MODULE/cmd@$version (error above)"; return 1; }
-  compgen -G "$src/config/crd/bases/*.yaml" >/dev/null \
-    || { log "FAILED: no CRDs at config/crd/bases in $PROJECTION_MODULE@$version"; return 1; }
-  cp "$src"/config/crd/bases/*.yaml "$dir/crds/"
-  chmod u+w "$dir"/crds/*.yaml  # the module cache is read-only
-  mv "$dir/$name.tmp" "$dir/$name"
-  log "$name $version ready in $dir ($(( SECONDS - start ))s)"
-  echo "$dir"
+  build projection "$PROJECTION_VERSION" "$PROJECTION_ARCHIVE" "$PROJECTION_MODULE" ./cmd \
+    "$PROJECTION_COMMIT"
 }
 
 status=0

@@ -1,5 +1,9 @@
 """Every benchmark's code path runs at tiny sizes, so `make bench` never rots. The numbers
-of this run mean nothing and are not checked; the result files' shape is."""
+of this run mean nothing and are not checked; the result files' shape is.
+
+Peers run in the tiny fan-out only when already built (`benchmarks/peers/build.sh`, which
+`make test` never runs); otherwise the result file says why they are absent, and the peer test
+skips naming the missing binary."""
 
 from __future__ import annotations
 
@@ -7,14 +11,20 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from tests.controlplane.plane import ControlPlane
+import pytest
+
+from benchmarks.peers import all_peers
+from tests.controlplane.plane import ControlPlane, cache_dir
 from tests.launcher import REPO
 
 EXPECTED = {"hotpath", "fanout-5", "latency", "burst", "failover", "restart", "memory"}
 
 
-def test_benchmarks_run_at_tiny_sizes(control_plane: ControlPlane, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def tiny(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bench-tiny")
     result = subprocess.run(
         [
             sys.executable,
@@ -22,7 +32,7 @@ def test_benchmarks_run_at_tiny_sizes(control_plane: ControlPlane, tmp_path: Pat
             "benchmarks",
             "tiny",
             "--out",
-            str(tmp_path),
+            str(out),
             "--kubeconfig",
             str(control_plane.kubeconfig),
         ],
@@ -33,12 +43,43 @@ def test_benchmarks_run_at_tiny_sizes(control_plane: ControlPlane, tmp_path: Pat
         check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert {p.stem for p in tmp_path.glob("*.json")} == EXPECTED
-    for path in tmp_path.glob("*.json"):
+    return out
+
+
+def load(out: Path, name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((out / f"{name}.json").read_text())
+    return doc
+
+
+def test_benchmarks_run_at_tiny_sizes(tiny: Path) -> None:
+    assert {p.stem for p in tiny.glob("*.json")} == EXPECTED
+    for path in tiny.glob("*.json"):
         doc = json.loads(path.read_text())
         assert {"name", "parameters", "systems", "ratios", "machine", "commit", "date"} <= set(doc)
         assert doc["systems"], path
-    burst = json.loads((tmp_path / "burst.json").read_text())
+    burst = load(tiny, "burst")
     assert burst["systems"]["projector"]["final_state_exact"]["value"] is True
-    restart = json.loads((tmp_path / "restart.json").read_text())
+    restart = load(tiny, "restart")
     assert restart["systems"]["projector"]["writes_after_restart"]["value"] == 0
+    fanout = load(tiny, "fanout-5")
+    for system in ("projector", "floor"):
+        assert fanout["systems"][system]["last_copy"]["samples"] >= 1
+        assert fanout["systems"][system]["client_cpu_per_write"]["samples"] >= 1
+        assert fanout["parameters"]["warmup_dropped"][system] >= 1
+    for peer in all_peers():
+        present = any(s.startswith(f"{peer.name} ") for s in fanout["systems"])
+        assert present or peer.name in fanout["parameters"]["peers_unavailable"], peer.name
+
+
+@pytest.mark.parametrize("peer", [p.name for p in all_peers()])
+def test_peer_fanout_at_tiny_size(tiny: Path, peer: str) -> None:
+    p = next(x for x in all_peers() if x.name == peer)
+    if p.built() is None:
+        pytest.skip(
+            f"{p.name} {p.version} not built: no {cache_dir() / 'peers'}/{p.name}-{p.version}/ "
+            "(run benchmarks/peers/build.sh; make test never builds peers)"
+        )
+    fanout = load(tiny, "fanout-5")
+    key = f"{p.name} {p.version}"
+    assert key in fanout["systems"], fanout["parameters"]["peers_unavailable"]
+    assert fanout["systems"][key]["last_copy"]["samples"] >= 1
