@@ -216,9 +216,9 @@ class Kube:
                 accept=_METADATA_LIST if metadata_only else _JSON,
             )
             meta = out.get("metadata") or {}
-            if not isinstance(out.get("items"), list) or not meta.get("resourceVersion"):
+            if not str(out.get("kind", "")).endswith("List") or not meta.get("resourceVersion"):
                 raise _incomplete(f"a {res.kind} list")  # never "nothing is there"
-            items.extend(out["items"])
+            items.extend(out.get("items") or ())  # an empty list may say `"items": null`
             if not meta.get("continue"):
                 return items, str(meta.get("resourceVersion", ""))
             params["continue"] = meta["continue"]
