@@ -10,7 +10,7 @@ PY := .venv/bin/python
 export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := python3.11
 
-.PHONY: help install binaries helm prometheus manifests docs image generate observability-docs test unit integration lint fmt demo bench bench-quick clean
+.PHONY: help install binaries helm prometheus manifests docs image generate observability-docs test unit integration harness lint fmt demo bench bench-quick clean
 
 help: ## list the commands
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -78,8 +78,11 @@ test: install binaries helm prometheus lint docs ## everything: lint, docs, unit
 unit: install ## pure tests only, no server
 	$(PY) -m pytest tests/unit
 
-integration: install binaries helm prometheus ## tests against the local control plane
+integration: install binaries helm prometheus ## the product's tests against the local control plane
 	$(PY) -m pytest tests/integration
+
+harness: install binaries ## tests of the control plane, demo and benchmark harness
+	$(PY) -m pytest tests/harness
 
 lint: install ## ruff, mypy --strict, import-linter contracts
 	.venv/bin/ruff check --output-format concise .

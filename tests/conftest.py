@@ -30,7 +30,7 @@ from tests.support import (
 )
 
 TESTS_DIR = Path(__file__).resolve().parent
-CATEGORIES = ("unit", "integration", "kind")
+CATEGORIES = ("unit", "integration", "harness", "kind")
 PEAK_RSS = pytest.StashKey[dict[str, int]]()
 
 
