@@ -18,6 +18,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
@@ -362,3 +363,51 @@ def encode(data: Mapping[str, str]) -> dict[str, bytes | str]:
 
 def decode(data: Mapping[str, bytes | str]) -> dict[str, str]:
     return {k: base64.b64decode(v).decode() for k, v in data.items()}
+
+
+AUDIT_WRITES = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+_REPLICA_AGENT = re.compile(r"^projector/\S+ \((?P<id>[^)]+)\)")
+
+
+@dataclass(frozen=True)
+class AuditWrite:
+    """One write request in the API server's audit log (tests/conftest.py enables it)."""
+
+    at: datetime
+    agent: str
+    verb: str
+    resource: str
+    namespace: str
+    name: str
+    code: int
+
+    @property
+    def replica(self) -> str:
+        """The projector replica that sent it (its User-Agent names it), or ''."""
+        m = _REPLICA_AGENT.match(self.agent)
+        return m["id"] if m else ""
+
+
+def audit_writes(audit_log: Path, since: datetime | None = None) -> list[AuditWrite]:
+    """Every write the API server received (since `since`), in the order it received them."""
+    out = []
+    for line in audit_log.read_text().splitlines():
+        ev = json.loads(line)
+        if ev.get("verb") not in AUDIT_WRITES:
+            continue
+        at = datetime.fromisoformat(ev["requestReceivedTimestamp"].replace("Z", "+00:00"))
+        if since is not None and at < since:
+            continue
+        ref = ev.get("objectRef") or {}
+        out.append(
+            AuditWrite(
+                at,
+                str(ev.get("userAgent", "")),
+                ev["verb"],
+                ref.get("resource", ""),
+                ref.get("namespace", ""),
+                ref.get("name", ""),
+                int((ev.get("responseStatus") or {}).get("code", 0)),
+            )
+        )
+    return sorted(out, key=lambda w: w.at)

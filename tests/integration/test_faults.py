@@ -7,7 +7,6 @@ and from the copies' uids (a copy deleted and re-created would have a new one).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,7 +15,14 @@ from kubernetes import client
 
 from tests.controlplane.plane import ControlPlane
 from tests.launcher import ControllerProcess
-from tests.support import Cluster, NamespaceFactory, b64, eventually, unique_name
+from tests.support import (
+    Cluster,
+    NamespaceFactory,
+    audit_writes,
+    b64,
+    eventually,
+    unique_name,
+)
 
 FANOUT = 200
 
@@ -44,14 +50,11 @@ def all_hold(core: client.CoreV1Api, grant: str, value: str) -> Callable[[], boo
 
 def deletes_since(audit_log: Path, since: datetime) -> list[str]:
     """Secret deletions the API server received since `since`, from any client."""
-    out = []
-    for line in audit_log.read_text().splitlines():
-        ev = json.loads(line)
-        ref = ev.get("objectRef") or {}
-        at = datetime.fromisoformat(ev["requestReceivedTimestamp"].replace("Z", "+00:00"))
-        if ev.get("verb") == "delete" and ref.get("resource") == "secrets" and at >= since:
-            out.append(f"{ref.get('namespace')}/{ref.get('name')} by {ev.get('userAgent')}")
-    return out
+    return [
+        f"{w.namespace}/{w.name} by {w.agent}"
+        for w in audit_writes(audit_log, since)
+        if w.verb == "delete" and w.resource == "secrets"
+    ]
 
 
 def test_api_server_down_during_a_fan_out_deletes_nothing_and_converges(

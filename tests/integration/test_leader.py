@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
-import re
 import signal
 import time
 from collections.abc import Callable, Iterable
@@ -26,7 +24,7 @@ import yaml
 from kubernetes import client, utils
 
 from tests.launcher import REPO, ControllerProcess
-from tests.support import Cluster, NamespaceFactory, eventually, unique_name
+from tests.support import Cluster, NamespaceFactory, audit_writes, eventually, unique_name
 
 NS, LEASE = "projector-system", "projector-leader"
 LEASE_S, RENEW_S, RETRY_S = 3.0, 2.0, 0.5
@@ -35,46 +33,7 @@ HA = (
     f"--renew-deadline={RENEW_S:g}s",
     f"--retry-period={RETRY_S:g}s",
 )
-WRITES = {"create", "update", "patch", "delete", "deletecollection"}
-_AGENT = re.compile(r"^projector/\S+ \((?P<id>[^)]+)\)")
-
 Start = Callable[..., ControllerProcess]
-
-
-@dataclass(frozen=True)
-class Write:
-    """One write request in the audit log."""
-
-    at: datetime
-    replica: str
-    verb: str
-    resource: str
-    namespace: str
-    name: str
-    code: int
-
-
-def audit_writes(audit_log: Path) -> list[Write]:
-    """Every write a projector replica sent, in the order the API server received them."""
-    out = []
-    for line in audit_log.read_text().splitlines():
-        ev = json.loads(line)
-        m = _AGENT.match(ev.get("userAgent", ""))
-        if m is None or ev.get("verb") not in WRITES:
-            continue
-        ref = ev.get("objectRef") or {}
-        out.append(
-            Write(
-                datetime.fromisoformat(ev["requestReceivedTimestamp"].replace("Z", "+00:00")),
-                m["id"],
-                ev["verb"],
-                ref.get("resource", ""),
-                ref.get("namespace", ""),
-                ref.get("name", ""),
-                int((ev.get("responseStatus") or {}).get("code", 0)),
-            )
-        )
-    return sorted(out, key=lambda w: w.at)
 
 
 @pytest.fixture

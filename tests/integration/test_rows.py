@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.launcher import ControllerProcess
-from tests.support import Cluster, NamespaceFactory, eventually
+from tests.support import Cluster, NamespaceFactory, audit_writes, eventually
 
 DATA = {"token": "ROWS-canary-1"}
 
@@ -151,18 +151,14 @@ def test_a_burst_of_source_changes_is_one_write_per_copy(
     eventually(lambda: all(k8s.copy_data(ns, "hub") == {"token": values[-1]} for ns in targets))
     eventually(ctl.settled)
     writes: dict[str, int] = {ns: 0 for ns in targets}
-    for line in audit_log.read_text().splitlines():
-        ev = json.loads(line)
-        ref = ev.get("objectRef") or {}
-        at = datetime.fromisoformat(ev["requestReceivedTimestamp"].replace("Z", "+00:00"))
+    for w in audit_writes(audit_log, started):
         if (
-            at >= started
-            and ev.get("verb") in ("update", "patch", "create")
-            and ref.get("resource") == "secrets"
-            and ref.get("namespace") in writes
-            and ev.get("userAgent", "").startswith("projector/")
+            w.verb in ("update", "patch", "create")
+            and w.resource == "secrets"
+            and w.namespace in writes
+            and w.agent.startswith("projector/")
         ):
-            writes[ref["namespace"]] += 1
+            writes[w.namespace] += 1
     if seconds < 0.8:  # the whole burst, plus its trailing 0.2 s, fits the 1 s window
         assert writes == {ns: 1 for ns in targets}, writes
     else:  # a slow machine spread it out: one write per debounce window (1 s), plus the last
