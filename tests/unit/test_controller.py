@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from opentelemetry import trace
+
 from projector.api import EVENTS, GRANTS, NAMESPACES, SECRETS
 from projector.config import Config
 from projector.controller import Controller
@@ -18,11 +20,14 @@ from tests.unit.fakeapi import FakeApi
 from tests.unit.test_store import copy_obj, grant_obj, ns_obj, source_obj
 
 
-async def controller(api: FakeApi) -> Controller:
+async def controller(
+    api: FakeApi, *, metrics: Metrics | None = None, tracer: trace.Tracer | None = None
+) -> Controller:
+    """A controller wired as `app` wires it, on the API double, its store loaded once."""
     store = Store(api)
     await store.load()
-    metrics = Metrics()
-    writer = Writer(api, metrics=metrics, backoff=(0.001, 0.001))
+    metrics = metrics or Metrics()
+    writer = Writer(api, metrics=metrics, backoff=(0.001, 0.001), tracer=tracer)
     return Controller(
         store,
         config=Config(),
@@ -30,6 +35,7 @@ async def controller(api: FakeApi) -> Controller:
         queue=WorkQueue(),
         writer=writer,
         recorder=Recorder(writer, "test"),
+        tracer=tracer,
     )
 
 

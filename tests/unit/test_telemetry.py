@@ -23,15 +23,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from projector.api import GRANTS, NAMESPACES, SECRETS
-from projector.config import Config
 from projector.controller import Controller
-from projector.queue import WorkQueue
-from projector.recorder import Recorder
 from projector.status import Result
-from projector.store import Store
 from projector.telemetry import Metrics, configure_logging, http_app, log_processors
-from projector.writer import Writer
 from tests.unit.fakeapi import FakeApi
+from tests.unit.test_controller import controller
 from tests.unit.test_store import grant_obj, ns_obj, source_obj
 
 CANARY = "canary-value-7f3a9c"
@@ -70,19 +66,7 @@ async def fan_out(provider: TracerProvider, metrics: Metrics) -> tuple[FakeApi, 
     source["data"] = {"k": base64.b64encode(CANARY.encode()).decode()}
     api.add(SECRETS, source)
     api.add(GRANTS, grant_obj("g", namespaces=TARGETS))
-    store = Store(api)
-    await store.load()
-    tracer = provider.get_tracer("test")
-    writer = Writer(api, metrics=metrics, backoff=(0.001, 0.001), tracer=tracer)
-    ctl = Controller(
-        store,
-        config=Config(),
-        metrics=metrics,
-        queue=WorkQueue(),
-        writer=writer,
-        recorder=Recorder(writer, "test"),
-        tracer=tracer,
-    )
+    ctl = await controller(api, metrics=metrics, tracer=provider.get_tracer("test"))
     metrics.triggered(["g"])
     assert await ctl.reconcile("g") is Result.OK
     return api, ctl
