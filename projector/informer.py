@@ -25,7 +25,7 @@ from typing import Generic, TypeVar
 import structlog
 
 from projector.api import Api, Obj
-from projector.errors import ApiError, Gone, ProjectorError
+from projector.errors import ApiError, Gone
 from projector.store import Cache
 
 T = TypeVar("T")
@@ -67,25 +67,12 @@ class Informer(Generic[K, T]):
         if self._on_event is not None:
             self._on_event(self.name, kind)
 
-    def _parse_safe(self, obj: Obj) -> tuple[K, T] | None:
-        try:
-            return self.spec.key(obj), self.spec.parse(obj)
-        except (KeyError, TypeError, ValueError, ProjectorError) as e:
-            meta = obj.get("metadata") or {}
-            log.warning(
-                "skipping unparseable object",
-                kind=self.name,
-                object=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
-                error=type(e).__name__,
-            )
-            return None
-
     async def _relist(self) -> None:
         """Bring the cache to a fresh list; what vanished is reported as deleted."""
         objs, rv = await self.api.list(self.spec.resource, label_selector=self.spec.label_selector)
         seen: set[K] = set()
         for obj in objs:
-            parsed = self._parse_safe(obj)
+            parsed = self.spec.entry(obj)
             if parsed is None:
                 continue
             k, new = parsed
@@ -100,7 +87,7 @@ class Informer(Generic[K, T]):
         self._event("RELIST")
 
     def _apply(self, kind: str, obj: Obj) -> None:
-        parsed = self._parse_safe(obj)
+        parsed = self.spec.entry(obj)
         rv = (obj.get("metadata") or {}).get("resourceVersion")
         if rv:
             self.resource_version = str(rv)

@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 import structlog
 
 from projector.api import GRANTS, NAMESPACES, SECRETS, Api, Obj, Resource
-from projector.errors import ApiError, NotFound
+from projector.errors import ApiError, NotFound, ProjectorError
 from projector.model import (
     EXPORT_LABEL,
     GRANT_LABEL,
@@ -83,6 +83,23 @@ class Spec(Generic[K, T]):
     parse: Callable[[Obj], T]
     key: Callable[[Obj], K]
     label_selector: str | None = None
+
+    def entry(self, obj: Obj) -> tuple[K, T] | None:
+        """The cache key and value of a raw object; None (logged) if it cannot be parsed.
+
+        One malformed object never stops a list, a watch or a one-shot load.
+        """
+        try:
+            return self.key(obj), self.parse(obj)
+        except (KeyError, TypeError, ValueError, ProjectorError) as e:
+            meta = obj.get("metadata") or {}
+            log.warning(
+                "skipping unparseable object",
+                kind=self.kind.value,
+                object=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+                error=type(e).__name__,
+            )
+            return None
 
 
 GRANT_SPEC: Spec[str, GrantRecord] = Spec(Kind.GRANT, GRANTS, parse_grant_record, _name_key)
@@ -201,7 +218,8 @@ class Store:
             spec = cache.spec
             objs, _ = await self._api.list(spec.resource, label_selector=spec.label_selector)
             for obj in objs:
-                cache.put(spec.key(obj), spec.parse(obj))
+                if (entry := spec.entry(obj)) is not None:
+                    cache.put(*entry)
             cache.synced.set()
             cache.healthy.set()
 

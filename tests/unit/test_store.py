@@ -308,3 +308,13 @@ def test_the_echo_of_our_own_write_wakes_nobody_but_drift_does(store: Store) -> 
     store.want("g", None)
     put(store.copies, written)
     assert woken.take() == {"g"}  # nothing recorded: every event is news
+
+
+async def test_a_one_shot_load_skips_an_unparseable_object_like_an_informer() -> None:
+    api = FakeApi()
+    api.add(NAMESPACES, ns_obj("a"))
+    api.objects[NAMESPACES.plural, "", "broken"] = {"metadata": {"resourceVersion": "1"}}
+    store = Store(api)
+    await store.load()
+    assert list(store.namespaces) == ["a"]
+    assert store.synced()
