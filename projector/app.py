@@ -27,7 +27,13 @@ from projector.leader import Elector
 from projector.queue import WorkQueue
 from projector.recorder import Recorder
 from projector.store import Store
-from projector.telemetry import Metrics, configure_logging, configure_tracing, http_app
+from projector.telemetry import (
+    Metrics,
+    configure_logging,
+    configure_tracing,
+    http_app,
+    spans_exported,
+)
 from projector.writer import Writer
 
 log = structlog.get_logger("projector")
@@ -79,7 +85,7 @@ async def run(
     writer = Writer(
         kube,
         metrics=metrics,
-        tracer=tracer,
+        tracer=tracer if spans_exported() else None,  # the reconcile's span carries trace ids
         concurrency=cfg.write_concurrency,
         fence=fence,
     )

@@ -384,10 +384,15 @@ def configure_logging(level: str = "info", stream: Any = None) -> None:
     )
 
 
+def spans_exported() -> bool:
+    """An OTLP endpoint is set: spans leave the process (else only their trace ids are used)."""
+    return bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+
+
 def configure_tracing(service: str = "projector") -> trace.Tracer:
     """An OpenTelemetry tracer; spans are exported over OTLP only when an endpoint is set."""
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+    if spans_exported():
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))

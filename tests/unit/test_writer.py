@@ -25,7 +25,7 @@ from projector.errors import (
 from projector.model import Copy
 from projector.reconcile import Action, Plan, Reason, plan
 from projector.telemetry import Metrics
-from projector.writer import Writer
+from projector.writer import MAX_RETRY_AFTER, Writer, retry_delay
 from tests.unit.factories import (
     SRC_NAME,
     copy_from,
@@ -119,6 +119,16 @@ async def test_retry_after_is_honoured() -> None:
     (out,) = await w.execute(plan_for())
     assert out.reason is Reason.PROJECTED
     assert loop.time() - t0 >= 0.2
+
+
+def test_retry_delays_grow_to_their_cap_and_a_429s_is_capped() -> None:
+    gone = ServerError(503, "ServiceUnavailable")
+    delays = [retry_delay(gone, n, 0.05, 0.3) for n in (1, 2, 3, 4, 5)]
+    floors = (0.05, 0.1, 0.2, 0.3, 0.3)  # doubling, capped; plus up to `initial` of jitter
+    assert all(f <= d <= f + 0.05 for d, f in zip(delays, floors, strict=True)), delays
+    assert retry_delay(TooManyRequests(429, "TooMany", retry_after=2), 1, 0.05, 0.3) == 2
+    hour = TooManyRequests(429, "TooMany", retry_after=3600)
+    assert retry_delay(hour, 1, 0.05, 0.3) == MAX_RETRY_AFTER
 
 
 async def test_stale_update_is_not_forced() -> None:
