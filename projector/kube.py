@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import orjson
 from kr8s._auth import KubeAuth
+from yarl import URL
 
 from projector import __version__
 from projector.api import Obj, Resource
@@ -87,6 +88,7 @@ class Kube:
         self._server = str(auth.server).rstrip("/")
         self._server_name = getattr(auth, "tls_server_name", None) or None
         self._limit = TokenBucket(qps, burst)
+        self._header_cache: dict[tuple[str, str, str | None], dict[str, str]] = {}
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._connect_timeout = timeout
         self._on_request = on_request
@@ -122,16 +124,24 @@ class Kube:
         namespace: str | None = None,
         name: str | None = None,
         subresource: str | None = None,
-    ) -> str:
+    ) -> URL:
         group = "/api/v1" if res.version == "v1" else f"/apis/{res.version}"
         scope = f"/namespaces/{namespace}" if res.namespaced and namespace else ""
-        return f"{self._server}{group}{scope}/{res.url(name, subresource)}"
+        # Already encoded: every part is a validated DNS name, a plural or a version.
+        return URL(f"{self._server}{group}{scope}/{res.url(name, subresource)}", encoded=True)
 
-    def _headers(self, content_type: str, accept: str) -> dict[str, str]:
-        headers = {"Content-Type": content_type, "Accept": accept}
+    def _headers(self, content_type: str, accept: str) -> Mapping[str, str]:
+        """The request's headers, built once per (content type, accept, token)."""
         token = self._auth.token
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+        key = (content_type, accept, token)
+        headers = self._header_cache.get(key)
+        if headers is None:
+            headers = {"Content-Type": content_type, "Accept": accept}
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+            if len(self._header_cache) > 16:  # rotated tokens: keep only current ones
+                self._header_cache.clear()
+            self._header_cache[key] = headers
         return headers
 
     async def _request(

@@ -211,6 +211,9 @@ class Metrics:
         self._ready: dict[str, bool] = {}
         self._running: dict[str, float] = {}
         self._heard: dict[str, float] = {}
+        self._requests: dict[tuple[str, str, int], Any] = {}
+        self._durations: dict[str, Any] = {}
+        """Labelled children of the request metrics, looked up once (a request costs both)."""
         self.queue_longest_running.set_function(self._longest_running)
 
     def _longest_running(self) -> float:
@@ -319,8 +322,13 @@ class Metrics:
 
     def on_request(self, verb: str, resource: str, code: int, seconds: float) -> None:
         """Kube's request hook."""
-        self.api_requests.labels(verb, resource, str(code)).inc()
-        self.api_request_duration.labels(verb).observe(seconds)
+        key = (verb, resource, code)
+        if (counter := self._requests.get(key)) is None:  # .labels() costs more than .inc()
+            counter = self._requests[key] = self.api_requests.labels(verb, resource, str(code))
+        counter.inc()
+        if (histogram := self._durations.get(verb)) is None:
+            histogram = self._durations[verb] = self.api_request_duration.labels(verb)
+        histogram.observe(seconds)
 
     def on_informer_event(self, kind: str, type_: str) -> None:
         """Informers' event hook; anything but an ERROR is a sign of life from the server."""
