@@ -78,7 +78,10 @@ async def run(
     ]
     metrics.bind_informers((i.name for i in informers), cfg.informer_stall_after)
     queue: WorkQueue[str] = WorkQueue(
-        debounce=cfg.debounce, debounce_max=cfg.debounce_max, on_event=metrics.on_queue_event
+        debounce=cfg.debounce,
+        debounce_max=cfg.debounce_max,
+        debounce_hot_max=cfg.debounce_hot_max,
+        on_event=metrics.on_queue_event,
     )
     metrics.bind_queue(queue)
     tracer = configure_tracing()

@@ -44,6 +44,9 @@ class Config:
     """Trailing window that collapses bursts of source changes into one reconcile."""
     debounce_max: float = 0.5
     """A key waits at most this long after its first change, however busy the burst."""
+    debounce_hot_max: float = 8.0
+    """A key still changing when its wait ran out waits twice as long next time, up to this: a
+    source rewritten many times a second is copied every few seconds, not every half second."""
     qps: float = 200.0
     """Client-side request rate limit; 0 disables."""
     burst: int = 400
@@ -103,6 +106,12 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         default=float(_env("DEBOUNCE_MAX", str(d.debounce_max))),
         help="maximum wait of a debounced key in seconds",
     )
+    p.add_argument(
+        "--debounce-hot-max",
+        type=float,
+        default=float(_env("DEBOUNCE_HOT_MAX", str(d.debounce_hot_max))),
+        help="maximum wait of a key that keeps changing (its wait doubles from --debounce-max)",
+    )
     p.add_argument("--qps", type=float, default=float(_env("QPS", str(d.qps))))
     p.add_argument("--burst", type=int, default=int(_env("BURST", str(d.burst))))
     p.add_argument(
@@ -140,8 +149,8 @@ def parse(argv: Sequence[str] | None = None) -> Config:
     a = p.parse_args(argv)
     if a.workers < 1 or a.write_concurrency < 1:
         p.error("--workers and --write-concurrency must be at least 1")
-    if a.debounce < 0 or a.debounce_max < a.debounce:
-        p.error("need 0 <= --debounce <= --debounce-max")
+    if not 0 <= a.debounce <= a.debounce_max <= a.debounce_hot_max:
+        p.error("need 0 <= --debounce <= --debounce-max <= --debounce-hot-max")
     if a.watch_timeout < 1 or a.informer_stall_after <= 0:
         p.error("--watch-timeout and --informer-stall-after must be positive")
     if not a.id:
@@ -159,6 +168,7 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         write_concurrency=a.write_concurrency,
         debounce=a.debounce,
         debounce_max=a.debounce_max,
+        debounce_hot_max=a.debounce_hot_max,
         qps=a.qps,
         burst=a.burst,
         leader_elect=a.leader_elect,

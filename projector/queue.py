@@ -19,6 +19,10 @@ Delays, all per key and all driven by one heap of ``(deadline, seq, key)``:
   further add at ``t`` pushes it back to ``min(t + debounce, t0 + debounce_max)``, so a burst
   collapses into one run while latency stays bounded. The window restarts once the key becomes
   dirty. With ``debounce == 0`` the key is ready at once.
+* A *hot* key, one still being added when its window hit that cap, gets a window twice as long
+  next time (up to ``debounce_hot_max``), and the normal one again once a window ends quietly:
+  a source rewritten many times a second costs a handful of writes per copy, not one per
+  ``debounce_max``, while a lone change keeps its short latency.
 * ``add_after`` and ``add_rate_limited`` (exponential per-key backoff) only ever move a deadline
   *earlier*, and a later debounced add can never push the key past them.
 * ``add_now`` bypasses every delay. A key that is already dirty absorbs all adds: the run it is
@@ -71,13 +75,14 @@ class QueueShutDown(Exception):  # named like asyncio.QueueShutDown (3.13)
 class _Pending:
     """The delay record of a waiting key (mutable, so pushing it back costs no heap push)."""
 
-    __slots__ = ("deadline", "first", "hard", "seq")
+    __slots__ = ("capped", "deadline", "first", "hard", "seq")
 
     def __init__(self, deadline: float, seq: int, first: float | None, hard: float) -> None:
         self.deadline = deadline  # when the key becomes dirty
         self.seq = seq  # identifies the heap entry that is live for this key
         self.first = first  # start of the debounce window; None if no debounced add yet
         self.hard = hard  # earliest add_after deadline: debounce never pushes past it
+        self.capped = False  # adds kept coming until the window's cap: the key is hot
 
 
 class WorkQueue(Generic[K]):
@@ -86,6 +91,8 @@ class WorkQueue(Generic[K]):
     Args:
         debounce: Trailing window of :meth:`add`, in seconds; 0 makes ``add`` immediate.
         debounce_max: Longest a key may be pushed back by repeated adds, from its first add.
+        debounce_hot_max: Longest window of a hot key (doubling from ``debounce_max``); None
+            keeps every window at ``debounce_max``.
         backoff_base: First delay of :meth:`add_rate_limited`; it doubles on each failure.
         backoff_max: Cap of the rate-limited delay.
         clock: Time source for deadlines. None uses the running loop's ``time()``, so delayed
@@ -98,6 +105,7 @@ class WorkQueue(Generic[K]):
         *,
         debounce: float = 0.0,
         debounce_max: float = 1.0,
+        debounce_hot_max: float | None = None,
         backoff_base: float = 0.005,
         backoff_max: float = 300.0,
         clock: Clock | None = None,  # None: loop.time()
@@ -109,6 +117,9 @@ class WorkQueue(Generic[K]):
             raise ValueError(f"backoffs must be >= 0: {backoff_base}, {backoff_max}")
         self._debounce = debounce
         self._debounce_max = debounce_max
+        self._hot_max = debounce_max if debounce_hot_max is None else debounce_hot_max
+        if self._hot_max < debounce_max:
+            raise ValueError(f"need debounce_max <= debounce_hot_max: {debounce_hot_max}")
         self._backoff_base = backoff_base
         self._backoff_max = backoff_max
         self._clock = clock
@@ -121,6 +132,7 @@ class WorkQueue(Generic[K]):
         self._heap: list[tuple[float, int, K]] = []  # (deadline, seq, key), lazily deleted
         self._seq = itertools.count()
         self._failures: dict[K, int] = {}
+        self._hot: dict[K, float] = {}  # hot keys' next window (absent: debounce_max)
         self._shutting_down = False
 
         self._getters: deque[asyncio.Future[None]] = deque()
@@ -147,7 +159,10 @@ class WorkQueue(Generic[K]):
         self._emit("coalesced", key)
         if pending.first is None:
             pending.first = now
-        target = min(now + self._debounce, pending.first + self._debounce_max, pending.hard)
+        cap = pending.first + self._hot.get(key, self._debounce_max)
+        if cap < now + self._debounce:
+            pending.capped = True
+        target = min(now + self._debounce, cap, pending.hard)
         if target < pending.deadline:
             self._move_earlier(key, pending, target)
         else:
@@ -351,6 +366,11 @@ class WorkQueue(Generic[K]):
                 heapq.heappush(heap, (pending.deadline, seq, key))  # pushed back meanwhile
                 continue
             del pending_by_key[key]
+            if pending.capped:
+                window = self._hot.get(key, self._debounce_max)
+                self._hot[key] = min(2 * window, self._hot_max)
+            elif pending.first is not None:
+                self._hot.pop(key, None)  # a window ended quietly: the key cooled down
             self._make_dirty(key)
             released += 1
         return released

@@ -292,6 +292,31 @@ async def test_debounce_is_capped_by_debounce_max_then_restarts() -> None:
     assert released_at == [50, 100, 150, 200, 250, 300]
 
 
+async def releases(queue: WorkQueue[str], clock: FakeClock, adds: range) -> list[float]:
+    """Add "a" at each time in `adds`; when it was released (checked every second)."""
+    released_at: list[float] = []
+    for t in range(adds.start, adds.stop + 500):
+        clock.t = t
+        queue.poll()
+        if len(queue):
+            released_at.append(t)
+            await get_all(queue)
+        if t in adds:
+            queue.add("a")
+    return released_at
+
+
+async def test_a_hot_key_gets_longer_windows_and_cools_down_after_a_quiet_one() -> None:
+    queue, clock, _ = make(debounce=10, debounce_max=50, debounce_hot_max=400)
+    # An add every 5 s for 1,000 s: windows of 50, 100, 200, then 400 (the cap); the last add
+    # (995) is followed by the trailing debounce: 200 adds, 5 runs (debounce_max alone: 20).
+    assert await releases(queue, clock, range(0, 1000, 5)) == [50, 150, 350, 750, 1005]
+    # Quiet since: the last window ended quietly, so a lone add waits only the debounce...
+    assert await releases(queue, clock, range(1600, 1601)) == [1610]
+    # ...and the next burst starts from debounce_max again.
+    assert (await releases(queue, clock, range(2200, 2400, 5)))[:2] == [2250, 2350]
+
+
 async def test_debounce_never_pushes_past_an_add_after() -> None:
     queue, clock, _ = make(debounce=10, debounce_max=100)
     queue.add_after("a", 5)
