@@ -121,13 +121,19 @@ def render(records: Sequence[Record]) -> str:
     for r in records:
         lines += ["", f"## {r.fault}", "", f"**Injected:** {r.injected}", "", "**Observed:**", ""]
         for k, v in r.observed.items():
-            lines.append(f"- {k.replace('_', ' ')}: {_value(k, v)}")
+            lines.append(f"- {_label(k)}: {_value(k, v)}")
         lines += ["", f"Test: `{r.test}`"]
     return "\n".join(lines) + "\n"
 
 
 def write_doc(records: Sequence[Record], doc: Path = DOC) -> None:
     doc.write_text(render(records))
+
+
+def _label(key: str) -> str:
+    if key == "converge_seconds":
+        return "time to converge"
+    return key.removesuffix("_seconds").replace("_", " ")
 
 
 def _value(key: str, v: Any) -> str:
