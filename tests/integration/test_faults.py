@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import signal
 import time
 import urllib.request
@@ -271,6 +272,7 @@ def uncached_plane(binaries: Path, tmp_path: Path) -> Iterator[ControlPlane]:
         yield plane
     finally:
         plane.stop()
+        shutil.rmtree(root / "etcd-data", ignore_errors=True)  # keep logs, drop the WAL
 
 
 def etcd_compact(etcd_url: str) -> int:
