@@ -10,7 +10,7 @@ PY := .venv/bin/python
 export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := python3.11
 
-.PHONY: help install binaries helm prometheus manifests docs image generate observability-docs test unit integration harness lint fmt demo bench bench-quick clean
+.PHONY: help install binaries helm prometheus manifests docs image generate observability-docs reliability-docs test unit integration harness lint fmt demo bench bench-quick clean
 
 help: ## list the commands
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -70,6 +70,9 @@ generate: install ## rewrite docs/metrics.md, the dashboard and the alert rules 
 
 observability-docs: install binaries prometheus ## redraw docs/observability.md from a real Prometheus run
 	PROJECTOR_UPDATE_DOCS=1 $(PY) -m pytest -q tests/integration/test_observability.py
+
+reliability-docs: install binaries ## rerun every fault test (-m fault) and rewrite docs/reliability.md
+	PROJECTOR_UPDATE_DOCS=1 $(PY) -m pytest -q -m fault tests/integration
 
 
 test: install binaries helm prometheus lint docs ## everything: lint, docs, unit and integration tests (real API server)

@@ -73,7 +73,13 @@ async def run(
     )
     store = Store(kube)
     informers = [
-        Informer(kube, c, on_event=metrics.on_informer_event, timeout_seconds=cfg.watch_timeout)
+        Informer(
+            kube,
+            c,
+            on_event=metrics.on_informer_event,
+            timeout_seconds=cfg.watch_timeout,
+            read_deadline=cfg.informer_stall_after / 2,
+        )
         for c in store.caches
     ]
     metrics.bind_informers((i.name for i in informers), cfg.informer_stall_after)

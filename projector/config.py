@@ -65,7 +65,10 @@ class Config:
     informer_stall_after: float = 180.0
     """Silence (no event, bookmark, accepted watch or list) after which an informer counts as
     stalled; exposed as projector_informer_stall_threshold_seconds for the alert. The API
-    server sends a bookmark about every minute, so a healthy informer stays well below it."""
+    server sends a bookmark about every minute, so a healthy informer stays well below it.
+    Half of it is each watch's read deadline: a connection silent that long is dropped and the
+    watch resumed on a new one, so the alert fires only when reconnecting does not help. Below
+    about 2 min, keep --watch-timeout under half of it, so quiet watches end before that."""
 
 
 def _env(name: str, default: str) -> str:

@@ -9,6 +9,7 @@ server. It runs in pytest's tmp dir, never in ``.local/``, so it cannot collide 
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from tests import reliability
 from tests.controlplane.plane import APISERVER, ControlPlane, ensure_binaries
 from tests.support import (
     NamespaceFactory,
@@ -99,6 +101,12 @@ def pytest_terminal_summary(
         terminalreporter.write_line(
             f"control plane peak RSS (VmHWM): {', '.join(parts)}; total {total:.0f} MiB"
         )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """With PROJECTOR_UPDATE_DOCS=1, a green session's fault records become docs/reliability.md."""
+    if os.environ.get("PROJECTOR_UPDATE_DOCS") == "1" and exitstatus == 0 and reliability.session:
+        reliability.write_doc(sorted(reliability.session, key=lambda r: r.fault))
 
 
 # --- the control plane and clients --------------------------------------------------------------

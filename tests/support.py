@@ -411,3 +411,12 @@ def audit_writes(audit_log: Path, since: datetime | None = None) -> list[AuditWr
             )
         )
     return sorted(out, key=lambda w: w.at)
+
+
+def deletes_since(audit_log: Path, since: datetime) -> list[str]:
+    """Secret deletions the API server received since `since`, from any client."""
+    return [
+        f"{w.namespace}/{w.name} by {w.agent}"
+        for w in audit_writes(audit_log, since)
+        if w.verb == "delete" and w.resource == "secrets"
+    ]

@@ -1,28 +1,49 @@
-"""Faults injected into real processes: the API server goes away in the middle of a fan-out.
+"""Faults injected into real processes: the API server goes away in the middle of a fan-out, the
+controller is killed in the middle of one, a watch expires for real (410 Gone after an etcd
+compaction), a watch goes silent without closing.
 
 What must hold is DESIGN §3's last row: no deletes on uncertainty, and convergence once the
-server is back. Deletes are read from the API server's audit log (every write it received)
-and from the copies' uids (a copy deleted and re-created would have a new one).
+fault ends. Deletes are read from the API server's audit log (every write it received)
+and from the copies' uids (a copy deleted and re-created would have a new one). Each test
+records what it injected and observed for docs/reliability.md (tests/reliability.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import base64
+import json
+import shutil
+import signal
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
+import pytest
 from kubernetes import client
 
-from tests.controlplane.plane import ControlPlane
+from tests import reliability, support
+from tests.conftest import AUDIT_POLICY
+from tests.controlplane.plane import APISERVER, ControlPlane
 from tests.launcher import ControllerProcess
+from tests.proxy import Relay, relayed_kubeconfig
 from tests.support import (
+    Canaries,
     Cluster,
     NamespaceFactory,
+    api_client,
     audit_writes,
     b64,
+    deletes_since,
     eventually,
     unique_name,
 )
+
+pytestmark = pytest.mark.fault
 
 FANOUT = 200
 
@@ -38,23 +59,20 @@ def copies(core: client.CoreV1Api, grant: str) -> dict[str, tuple[str, str]]:
     }
 
 
-def all_hold(core: client.CoreV1Api, grant: str, value: str) -> Callable[[], bool]:
+def all_hold(core: client.CoreV1Api, grant: str, value: str, n: int = FANOUT) -> Callable[[], bool]:
     want = b64(value)
 
     def check() -> bool:
         c = copies(core, grant)
-        return len(c) == FANOUT and all(token == want for _, token in c.values())
+        return len(c) == n and all(token == want for _, token in c.values())
 
     return check
 
 
-def deletes_since(audit_log: Path, since: datetime) -> list[str]:
-    """Secret deletions the API server received since `since`, from any client."""
-    return [
-        f"{w.namespace}/{w.name} by {w.agent}"
-        for w in audit_writes(audit_log, since)
-        if w.verb == "delete" and w.resource == "secrets"
-    ]
+def missed(core: client.CoreV1Api, grant: str, targets: set[str], value: str) -> int:
+    """Target namespaces whose copy does not hold `value` (or is missing)."""
+    want, c = b64(value), copies(core, grant)
+    return sum(1 for ns in targets if ns not in c or c[ns][1] != want)
 
 
 def test_api_server_down_during_a_fan_out_deletes_nothing_and_converges(
@@ -66,8 +84,7 @@ def test_api_server_down_during_a_fan_out_deletes_nothing_and_converges(
 ) -> None:
     team = unique_name("outage")
     src = make_namespace()
-    for _ in range(FANOUT):
-        make_namespace(labels={"outage": team})
+    targets = {make_namespace(labels={"outage": team}) for _ in range(FANOUT)}
     k8s.source(src, "hub", {"token": "outage-canary-0"}, export_to="*")
     grant = k8s.grant((src, "hub"), selector={"matchLabels": {"outage": team}})
     eventually(all_hold(k8s.core, grant, "outage-canary-0"), timeout=180)
@@ -78,11 +95,275 @@ def test_api_server_down_during_a_fan_out_deletes_nothing_and_converges(
     with control_plane.apiserver_down():
         # Down until the controller has seen it: every cache behind, so it is not Ready.
         eventually(lambda: controller.get("/readyz")[0] == 503, timeout=60)
+    back = time.monotonic()
     # Back: a change made while the informers are still reconnecting (relisting after 410).
     k8s.patch_secret(src, "hub", {"data": {"token": "outage-canary-2"}})
     eventually(all_hold(k8s.core, grant, "outage-canary-2"), timeout=180)
-    assert deletes_since(audit_log, started) == []
+    converged = time.monotonic() - back
+    deletes = deletes_since(audit_log, started)
     after = {ns: uid for ns, (uid, _) in copies(k8s.core, grant).items()}
+    relisted = controller.metric("projector_informer_events_total", type="RELIST") - relists
+    reliability.record(
+        "API server stopped mid fan-out",
+        injected=(
+            f"kube-apiserver stopped (etcd kept running) right after a source change began a "
+            f"fan-out to {FANOUT} namespaces; restarted once the controller reported itself not "
+            "Ready; a second change made while its informers reconnected."
+        ),
+        observed={
+            "deletes": len(deletes),
+            "missed_updates": missed(k8s.core, grant, targets, "outage-canary-2"),
+            "converge_seconds": converged,
+            "copies_recreated": sum(1 for ns, uid in after.items() if before.get(ns) != uid),
+            "relists": int(relisted),
+        },
+    )
+    assert deletes == []
     assert after == before  # no copy was deleted and re-created either
-    assert controller.metric("projector_informer_events_total", type="RELIST") > relists
+    assert relisted > 0
     eventually(lambda: controller.get("/readyz")[0] == 200)
+
+
+def test_controller_killed_mid_fan_out_converges_without_strays_or_duplicates(
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    start_controller: Any,
+    audit_log: Path,
+) -> None:
+    """kill -9 while the first copies are being created; a new process finishes the job: one
+    copy per target, the right content, nothing elsewhere, nothing deleted or created twice."""
+    team = unique_name("crash")
+    src = make_namespace()
+    targets = {make_namespace(labels={"crash": team}) for _ in range(FANOUT)}
+    others = {make_namespace(labels={"crash": f"not-{team}"}) for _ in range(3)}
+    k8s.source(src, "hub", {"token": "crash-canary-1"}, export_to="*")
+    started = datetime.now(UTC)
+    # A slow first process (40 requests/s) so that the kill lands mid fan-out.
+    first = start_controller("--qps=40", "--burst=1")
+    grant = k8s.grant((src, "hub"), selector={"matchLabels": {"crash": team}})
+    eventually(lambda: len(copies(k8s.core, grant)) >= 30, timeout=60)
+    assert first.stop(signal.SIGKILL) == -signal.SIGKILL
+    before = {ns: uid for ns, (uid, _) in copies(k8s.core, grant).items()}
+    assert 0 < len(before) < FANOUT, "the kill did not land mid fan-out"
+    restarted = time.monotonic()
+    start_controller(wait_ready=False)
+    eventually(all_hold(k8s.core, grant, "crash-canary-1"), timeout=180)
+    converged = time.monotonic() - restarted
+    after = copies(k8s.core, grant)
+    everywhere = k8s.core.list_secret_for_all_namespaces(
+        label_selector="projector.nebari.dev/managed-by=projector"
+    ).items
+    seen = (str(s.metadata.namespace) for s in everywhere)
+    managed = Counter(ns for ns in seen if ns in targets | others | {src})
+    writes = [w for w in audit_writes(audit_log, started) if w.resource == "secrets"]
+    created = Counter(w.namespace for w in writes if w.verb == "create" and w.code == 201)
+    deletes = deletes_since(audit_log, started)
+    recreated = sorted(ns for ns, uid in before.items() if after[ns][0] != uid)
+    reliability.record(
+        "Controller killed (SIGKILL) mid fan-out",
+        injected=(
+            f"the controller process killed with SIGKILL while creating {FANOUT} copies "
+            f"({len(before)} existed); a new process started at once."
+        ),
+        observed={
+            "deletes": len(deletes),
+            "missed_updates": missed(k8s.core, grant, targets, "crash-canary-1"),
+            "converge_seconds": converged,
+            "copies_before_kill": len(before),
+            "copies_recreated": len(recreated),
+            "namespaces_created_into_twice": sum(1 for n in created.values() if n > 1),
+            "copies_outside_targets": sum(n for ns, n in managed.items() if ns not in targets),
+        },
+    )
+    assert set(after) == targets  # a copy in every target, and none anywhere else
+    assert managed == Counter(dict.fromkeys(targets, 1))  # exactly one copy each
+    assert deletes == []
+    assert recreated == []  # the first process' copies were kept, not re-created
+    assert created == Counter(dict.fromkeys(targets, 1))  # one successful create per target
+
+
+def test_silent_watch_through_a_black_hole_is_restarted_and_the_change_lands(
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    start_controller: Any,
+    control_plane: ControlPlane,
+    projector_kubeconfig: Path,
+    audit_log: Path,
+    tmp_path: Path,
+) -> None:
+    """Every established connection stops carrying bytes but stays open (no FIN, no RST): only
+    the watches' read deadline (half of --informer-stall-after) can tell; they reconnect, resume
+    and deliver the change made meanwhile."""
+    url = urlsplit(control_plane.server)
+    relay = Relay((url.hostname or "127.0.0.1", url.port or 443))
+    relay.start()
+    try:
+        kubeconfig = relayed_kubeconfig(projector_kubeconfig, tmp_path / "relayed", relay.port)
+        src, a = make_namespace(), make_namespace()
+        k8s.source(src, "hub", {"token": "stall-canary-1"}, export_to="*")
+        ctl = start_controller(
+            f"--kubeconfig={kubeconfig}", "--watch-timeout=2", "--informer-stall-after=10s"
+        )
+        k8s.grant((src, "hub"), namespaces=[a])
+        eventually(lambda: k8s.copy_data(a, "hub") == {"token": "stall-canary-1"})
+        uid = k8s.copy(a, "hub").metadata.uid
+        started = datetime.now(UTC)
+        errors = ctl.metric("projector_informer_events_total", kind="sources", type="ERROR")
+        silenced = relay.blackhole()
+        assert silenced >= 4, "every informer's watch runs over the relay"
+        stalled = time.monotonic()
+        k8s.patch_secret(src, "hub", {"data": {"token": "stall-canary-2"}})
+        eventually(lambda: k8s.copy_data(a, "hub") == {"token": "stall-canary-2"}, timeout=60)
+        converged = time.monotonic() - stalled
+        detected = ctl.metric("projector_informer_events_total", kind="sources", type="ERROR")
+        deletes = deletes_since(audit_log, started)
+        copy = k8s.copy(a, "hub")
+        reliability.record(
+            "Watch silently black-holed",
+            injected=(
+                f"every connection between the controller and the API server ({silenced}, its "
+                "watches included) stopped carrying bytes without being closed, through a "
+                "loopback TCP relay; a source change made at once. Controller flags: "
+                "--watch-timeout=2 --informer-stall-after=10s (read deadline 5 s)."
+            ),
+            observed={
+                "deletes": len(deletes),
+                "missed_updates": 0
+                if k8s.copy_data(a, "hub") == {"token": "stall-canary-2"}
+                else 1,
+                "converge_seconds": converged,
+                "stalls_detected_by_read_deadline": int(detected - errors),
+                "copies_recreated": 0 if copy is not None and copy.metadata.uid == uid else 1,
+            },
+        )
+        assert detected > errors  # the sources watch ended on its read deadline
+        assert deletes == []
+        assert copy is not None and copy.metadata.uid == uid
+    finally:
+        relay.close()
+
+
+# --- 410 Gone, for real -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def uncached_plane(binaries: Path, tmp_path: Path) -> Iterator[ControlPlane]:
+    """A control plane of its own whose API server has no watch cache: a watch is served by etcd
+    itself, so a resourceVersion older than etcd's last compaction is answered 410 Gone (the
+    session's plane serves any old resourceVersion of a young cluster from its cache)."""
+    root = tmp_path / "uncached"
+    root.mkdir()
+    policy = root / "audit-policy.yaml"
+    policy.write_text(AUDIT_POLICY)
+    plane = ControlPlane(
+        root,
+        binaries,
+        die_with_parent=True,
+        extra_args={
+            APISERVER: [
+                "--watch-cache=false",
+                f"--audit-policy-file={policy}",
+                f"--audit-log-path={root / 'audit.log'}",
+            ]
+        },
+    )
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+        shutil.rmtree(root / "etcd-data", ignore_errors=True)  # keep logs, drop the WAL
+
+
+def etcd_compact(etcd_url: str) -> int:
+    """Compact etcd at its current revision (v3 JSON gateway, loopback); returns the revision."""
+
+    def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        req = urllib.request.Request(
+            f"{etcd_url}{path}", data=json.dumps(body).encode(), method="POST"
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            out: dict[str, Any] = json.loads(r.read())
+            return out
+
+    key = base64.b64encode(b"/registry").decode()
+    revision = int(post("/v3/kv/range", {"key": key, "limit": 1})["header"]["revision"])
+    post("/v3/kv/compaction", {"revision": revision, "physical": True})
+    return revision
+
+
+def test_watch_expired_after_etcd_compaction_relists_and_deletes_nothing(
+    uncached_plane: ControlPlane, start_controller: Any, canaries: Canaries, tmp_path: Path
+) -> None:
+    """The controller's connections are cut; meanwhile a source changes, a new target namespace
+    appears, and etcd is compacted past every resourceVersion the informers hold. Back, their
+    watches get 410 Gone: they relist, the changes land, nothing is deleted."""
+    plane = uncached_plane
+    api = api_client(plane.kubeconfig)
+    try:
+        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        k8s = Cluster(core, custom, canaries, "gone")
+        kubeconfig = support.projector_kubeconfig(api, plane, tmp_path / "projector.kubeconfig")
+        url = urlsplit(plane.server)
+        relay = Relay((url.hostname or "127.0.0.1", url.port or 443))
+        relay.start()
+        relayed = relayed_kubeconfig(kubeconfig, tmp_path / "relayed", relay.port)
+
+        def namespace(**labels: str) -> str:
+            name = unique_name("gone")
+            core.create_namespace(
+                client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels))
+            )
+            return name
+
+        src, a, b = namespace(), namespace(pack="gone"), namespace(pack="gone")
+        k8s.source(src, "hub", {"token": "gone-canary-1"}, export_to="*")
+        grant = k8s.grant((src, "hub"), selector={"matchLabels": {"pack": "gone"}})
+        ctl = start_controller(f"--kubeconfig={relayed}")
+        eventually(all_hold(core, grant, "gone-canary-1", n=2), timeout=60)
+        before = {ns: uid for ns, (uid, _) in copies(core, grant).items()}
+        started = datetime.now(UTC)
+        relists = ctl.metric("projector_informer_events_total", type="RELIST")
+        try:
+            relay.cut()
+            eventually(
+                lambda: ctl.metric("projector_informer_events_total", type="ERROR") >= 4,
+                message="every informer noticed the cut",
+            )
+            k8s.patch_secret(src, "hub", {"data": {"token": "gone-canary-2"}})
+            c = namespace(pack="gone")
+            revision = etcd_compact(plane.etcd_url)
+        finally:
+            relay.restore()
+        back = time.monotonic()
+        eventually(all_hold(core, grant, "gone-canary-2", n=3), timeout=90)
+        converged = time.monotonic() - back
+        expired = ctl.logs().count("watch expired; relisting")
+        relisted = ctl.metric("projector_informer_events_total", type="RELIST") - relists
+        deletes = deletes_since(plane.root / "audit.log", started)
+        after = copies(core, grant)
+        reliability.record(
+            "Watch expired (410 Gone) after etcd compaction",
+            injected=(
+                "the controller's connections to an API server without a watch cache cut; "
+                "meanwhile a source change, a new target namespace, and an etcd compaction at "
+                f"revision {revision}, past every resourceVersion the informers held; then "
+                "connections allowed again."
+            ),
+            observed={
+                "deletes": len(deletes),
+                "missed_updates": missed(core, grant, {a, b, c}, "gone-canary-2"),
+                "converge_seconds": converged,
+                "watches_expired_410": expired,
+                "relists": int(relisted),
+                "copies_recreated": sum(1 for ns, uid in before.items() if after[ns][0] != uid),
+            },
+        )
+        assert expired >= 1, "no watch was answered 410 Gone"
+        assert relisted >= expired
+        assert deletes == []
+        assert {ns: after[ns][0] for ns in before} == before
+        k8s.scan()
+        relay.close()
+    finally:
+        api.close()

@@ -1,7 +1,9 @@
 """Our informer and client against the real API server: list+watch, filters, resume, stalls.
 
-(A 410 cannot be provoked here: the API server's watch cache serves any old resourceVersion
-of a young cluster. Relist-on-410 is covered by tests/unit/test_informer.py.)
+(A 410 cannot be provoked against the session's API server: its watch cache serves any old
+resourceVersion of a young cluster. tests/integration/test_faults.py provokes one for real on a
+plane without a watch cache, after an etcd compaction; tests/unit/test_informer.py covers the
+relist's details.)
 """
 
 from __future__ import annotations

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes import client, utils
 
+from tests import reliability
 from tests.launcher import ControllerProcess
 from tests.support import (
     GROUP,
@@ -13,6 +18,7 @@ from tests.support import (
     VERSION,
     Cluster,
     NamespaceFactory,
+    deletes_since,
     eventually,
     status_of,
     unique_name,
@@ -50,11 +56,13 @@ def test_a_reused_grant_name_leaves_the_earlier_grants_retained_copies_alone(
     assert k8s.copy_data(a, "hub") == {"token": "reuse-canary-1"}
 
 
+@pytest.mark.fault
 def test_one_namespace_refusing_its_copy_stays_local_and_is_reported(
     k8s: Cluster,
     make_namespace: NamespaceFactory,
     controller: ControllerProcess,
     admin_client: client.ApiClient,
+    audit_log: Path,
 ) -> None:
     """An admission policy refuses copies in one namespace: the others are projected, the
     refusal is in status.failures with the server's reason, and lifting it converges."""
@@ -101,6 +109,7 @@ def test_one_namespace_refusing_its_copy_stays_local_and_is_reported(
             return status_of(lambda: k8s.core.create_namespaced_secret(refusing, probe)) == 403
 
         eventually(refused, message="the admission policy never took effect")
+        started = datetime.now(UTC)
         k8s.source(src, "hub", {"token": "refusal-canary"}, export_to="*")
         grant = k8s.grant((src, "hub"), namespaces=[refusing, fine])
         eventually(lambda: k8s.copy_data(fine, "hub") == {"token": "refusal-canary"})
@@ -110,23 +119,54 @@ def test_one_namespace_refusing_its_copy_stays_local_and_is_reported(
             return next((f for f in failures if f["namespace"] == refusing), None)
 
         failure = eventually(reported)
+        elsewhere = k8s.copy_data(fine, "hub") == {"token": "refusal-canary"}
         assert failure["reason"] == "WriteFailed"
         assert "refused by policy" in failure["message"]
         assert k8s.copy(refusing, "hub") is None
         assert [f["namespace"] for f in k8s.status(grant)["failures"]] == [refusing]
+        lifted = time.monotonic()
         k8s.core.patch_namespace(refusing, {"metadata": {"labels": {mark: None}}})
         eventually(lambda: k8s.copy_data(refusing, "hub") == {"token": "refusal-canary"})
         eventually(lambda: not k8s.status(grant).get("failures"))
+        converged = time.monotonic() - lifted
+        deletes = deletes_since(audit_log, started)
+        want = {"token": "refusal-canary"}
+        reliability.record(
+            "Admission refuses the copy in one namespace",
+            injected=(
+                "a ValidatingAdmissionPolicy refusing every Secret write in one of a grant's two "
+                "target namespaces; later lifted (the namespace unlabelled)."
+            ),
+            observed={
+                "deletes": len(deletes),
+                "missed_updates": sum(k8s.copy_data(ns, "hub") != want for ns in (fine, refusing)),
+                "converge_seconds": converged,
+                "other_namespace_projected_during_refusal": "yes" if elsewhere else "no",
+                "refusal_reported_in_status": failure["reason"],
+            },
+        )
+        assert deletes == []
     finally:
         admission.delete_validating_admission_policy_binding(mark)
         admission.delete_validating_admission_policy(mark)
 
 
+@pytest.mark.fault
 def test_probes_tell_a_dead_informer_and_recover_with_it(
-    start_controller: Any, rbac_v1: client.RbacAuthorizationV1Api, admin_client: client.ApiClient
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    start_controller: Any,
+    rbac_v1: client.RbacAuthorizationV1Api,
+    admin_client: client.ApiClient,
+    audit_log: Path,
 ) -> None:
     """Without the right to list namespaces, the controller is never Ready and, past
-    --informer-dead-after, not Live either (its pod would restart); with it back, both recover."""
+    --informer-dead-after, not Live either (its pod would restart), and writes nothing; with it
+    back, both recover and the grant waiting meanwhile is projected."""
+    src, target = make_namespace(), make_namespace()
+    k8s.source(src, "hub", {"token": "probe-canary"}, export_to="*")
+    k8s.grant((src, "hub"), namespaces=[target])
+    started = datetime.now(UTC)
     role = rbac_v1.read_cluster_role("projector")
     rules = role.rules or []
     without = [r for r in rules if "namespaces" not in (r.resources or [])]
@@ -136,8 +176,28 @@ def test_probes_tell_a_dead_informer_and_recover_with_it(
     try:
         ctl = start_controller("--informer-dead-after=2s", wait_ready=False)
         eventually(lambda: ctl.get("/healthz")[0] == 503, timeout=30)
+        dead_after = time.monotonic() - ctl.started
         assert ctl.get("/readyz")[0] == 503
+        assert k8s.copy(target, "hub") is None  # an unsynced controller writes nothing
     finally:
         rbac_v1.patch_cluster_role("projector", {"rules": as_json(rules)})
+    restored = time.monotonic()
     eventually(lambda: ctl.get("/readyz")[0] == 200, timeout=60)
     assert ctl.get("/healthz")[0] == 200
+    eventually(lambda: k8s.copy_data(target, "hub") == {"token": "probe-canary"}, timeout=60)
+    converged = time.monotonic() - restored
+    deletes = deletes_since(audit_log, started)
+    reliability.record(
+        "An informer that cannot list (RBAC removed)",
+        injected=(
+            "the controller started without the right to list namespaces (its ClusterRole's "
+            "rule removed), a grant waiting; --informer-dead-after=2s; the rule restored."
+        ),
+        observed={
+            "deletes": len(deletes),
+            "missed_updates": int(k8s.copy_data(target, "hub") != {"token": "probe-canary"}),
+            "converge_seconds": converged,
+            "liveness_failed_after_seconds": dead_after,
+        },
+    )
+    assert deletes == []

@@ -1,0 +1,127 @@
+"""A loopback TCP relay to the API server that fault tests can break in the two ways networks do.
+
+`cut()` is a loud failure: every connection is reset and new ones are refused (a restarted
+load balancer, a crashed node). `blackhole()` is the silent one: every connection open at that
+moment stops carrying bytes in either direction but is never closed (a dropped conntrack entry,
+a half-dead NAT), while new connections flow. Only a client-side read deadline notices it.
+TLS passes through untouched, so the client still verifies the real server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import threading
+from pathlib import Path
+
+import yaml
+
+
+class Relay:
+    """A cuttable, black-holable loopback TCP relay to one upstream address."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.port = 0
+        self._listener: socket.socket | None = None
+        self._conns: list[tuple[socket.socket, socket.socket, threading.Event]] = []
+        self._held: list[tuple[socket.socket, socket.socket]] = []
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Listen (on the same port again after a cut) and relay every connection accepted."""
+        s = socket.socket()
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", self.port))
+            s.listen(64)
+        except OSError:
+            s.close()
+            raise
+        self.port = s.getsockname()[1]
+        self._listener = s
+        threading.Thread(target=self._accept, args=(s,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                down, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                up = socket.create_connection(self.upstream)
+            except OSError:
+                down.close()
+                continue
+            held = threading.Event()
+            with self._lock:
+                self._conns.append((down, up, held))
+            for a, b in ((down, up), (up, down)):
+                threading.Thread(target=self._pipe, args=(a, b, held), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket, held: threading.Event) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while not held.is_set():
+                if not select.select([src], [], [], 0.1)[0]:
+                    continue
+                chunk = src.recv(65536)
+                if held.is_set():
+                    return  # black-holed: the bytes vanish, the sockets stay open
+                if not chunk:
+                    break
+                dst.sendall(chunk)
+            else:
+                return
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_RDWR)
+
+    def blackhole(self) -> int:
+        """Silence every open connection for good, without closing it; new ones still flow.
+
+        Returns how many connections were silenced (a test asserts it caught some)."""
+        with self._lock:
+            conns, self._conns = self._conns, []
+            for down, up, held in conns:
+                held.set()
+                self._held.append((down, up))  # referenced, so never closed by the collector
+        return len(conns)
+
+    def cut(self) -> None:
+        """Refuse new connections and reset every open one."""
+        if self._listener is not None:
+            with contextlib.suppress(OSError):  # wakes the thread blocked in accept()
+                self._listener.shutdown(socket.SHUT_RDWR)
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            socks = [s for down, up, _ in self._conns for s in (down, up)]
+            self._conns = []
+        for c in socks:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+            c.close()
+
+    def restore(self) -> None:
+        """Accept connections again, on the same port."""
+        self.start()
+
+    def close(self) -> None:
+        """Cut, and close the black-holed connections too: nothing is left open."""
+        self.cut()
+        with self._lock:
+            held, self._held = self._held, []
+        for pair in held:
+            for s in pair:
+                s.close()
+
+
+def relayed_kubeconfig(src: Path, dest: Path, port: int) -> Path:
+    """A copy of a kubeconfig whose server is the relay (same CA and credentials)."""
+    doc = yaml.safe_load(src.read_text())
+    for c in doc["clusters"]:
+        c["cluster"]["server"] = f"https://127.0.0.1:{port}"
+    dest.write_text(yaml.safe_dump(doc))
+    dest.chmod(0o600)
+    return dest
