@@ -190,7 +190,11 @@ class Writer:
         if step.action is Action.UPDATE and step.existing is not None:
             body = bodies.body(ns, step.existing.resource_version, keep=step.existing)
             try:
-                await self._send(lambda api: api.replace(SECRETS, body, namespace=ns, name=name))
+                await self._send(
+                    lambda api: api.replace(
+                        SECRETS, body, namespace=ns, name=name, metadata_only=True
+                    )
+                )
             except NotFound:
                 return await self._create(plan, step, bodies)
             return Outcome(step, Reason.PROJECTED, written=True)
@@ -200,7 +204,9 @@ class Writer:
         ns, name = step.namespace, step.name
         body = bodies.body(ns)
         try:
-            await self._send(lambda api: api.create(SECRETS, body, namespace=ns))
+            await self._send(
+                lambda api: api.create(SECRETS, body, namespace=ns, metadata_only=True)
+            )
             return Outcome(step, Reason.PROJECTED, written=True)
         except Conflict as e:
             if not e.already_exists:
@@ -219,7 +225,9 @@ class Writer:
         if place is None or not may_write(plan.snapshot, stored, place):
             return Outcome(step, Reason.CONFLICT, CONFLICT_MESSAGE)
         update = bodies.body(ns, stored.resource_version, keep=stored)
-        await self._send(lambda api: api.replace(SECRETS, update, namespace=ns, name=name))
+        await self._send(
+            lambda api: api.replace(SECRETS, update, namespace=ns, name=name, metadata_only=True)
+        )
         return Outcome(step, Reason.PROJECTED, written=True)
 
     async def _delete(self, step: Step) -> Outcome:
