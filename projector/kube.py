@@ -168,7 +168,7 @@ class Kube:
                     timeout=timeout,
                     server_hostname=self._server_name,
                 ) as response:
-                    status, raw = response.status, await response.read()
+                    status, raw = response.status, await _read(response)
                     retry_after = response.headers.get("Retry-After")
             except (aiohttp.ClientError, TimeoutError, OSError) as e:
                 self._record(verb, res, 0, started)
@@ -427,6 +427,18 @@ def _whole(obj: Obj, res: Resource) -> Obj:
     return obj
 
 
+async def _read(response: aiohttp.ClientResponse) -> bytearray:
+    """A whole response body, grown in place as it arrives.
+
+    aiohttp's `read()` keeps every chunk until the end and joins them into a second copy: a
+    page of 1 MiB Secrets would briefly be held twice before it is even parsed.
+    """
+    body = bytearray()
+    async for chunk in response.content.iter_any():
+        body += chunk
+    return body
+
+
 async def _lines(content: aiohttp.StreamReader) -> AsyncGenerator[tuple[str, Obj], None]:
     """The events of a watch stream, one JSON line each, whatever their size.
 
@@ -478,7 +490,7 @@ def _from_status(status: Mapping[str, Any], code: int = 0, retry_after: float = 
     )
 
 
-def _from_body(code: int, raw: bytes, retry_after: str | None) -> ApiError:
+def _from_body(code: int, raw: bytes | bytearray, retry_after: str | None) -> ApiError:
     """The error an HTTP status and its body (a metav1.Status, or anything) stand for."""
     try:
         status = orjson.loads(raw) if raw else {}

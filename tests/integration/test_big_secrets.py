@@ -7,11 +7,19 @@ controller past 200 MiB, neither while it fans out nor when it restarts and reli
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import math
+import os
 import secrets
+import time
 from typing import Any
 
+import pytest
+from kubernetes import client
+
 from tests.launcher import ControllerProcess
-from tests.support import Cluster, NamespaceFactory, eventually
+from tests.support import Cluster, NamespaceFactory, b64, eventually
 
 MAX_SECRET = 1024 * 1024
 """The API server's limit on a Secret's data (the sum of its values' sizes)."""
@@ -50,3 +58,115 @@ def test_150_copies_of_a_1_mib_secret_stay_under_200_mib(
     assert max(fan_out, relist) < RSS_LIMIT_MIB, (
         f"peak RSS: fan-out {fan_out:.0f} MiB, restart {relist:.0f} MiB"
     )
+
+
+# --- payloads at the edges, on the real API server ----------------------------------------------
+
+
+def raw_source(k8s: Cluster, namespace: str, name: str, data: dict[str, str]) -> None:
+    """A contract Secret from base64 values as given (binary ones included), all canaries."""
+    for v in data.values():
+        k8s.canaries.add(v)
+        with contextlib.suppress(UnicodeDecodeError):
+            k8s.canaries.add(base64.b64decode(v).decode())
+    meta = client.V1ObjectMeta(
+        name=name,
+        labels={"projector.nebari.dev/export": "true"},
+        annotations={"projector.nebari.dev/export-to": "*"},
+    )
+    body = client.V1Secret(metadata=meta, data=dict[str, bytes | str](data))
+    k8s.core.create_namespaced_secret(namespace, body)
+
+
+def at_limit() -> dict[str, str]:
+    """Values that add up to exactly the API's 1 MiB: the biggest source there can be."""
+    half = MAX_SECRET // 2
+    return {k: b64(canary(half)) for k in ("a", "b")}
+
+
+def binary() -> dict[str, str]:
+    """Values that are not UTF-8: every byte value, and random bytes."""
+    return {
+        "all-bytes": base64.b64encode(bytes(range(256)) * 4).decode(),
+        "random": base64.b64encode(b"\xff\xfe" + os.urandom(4096)).decode(),
+    }
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(at_limit(), id="1-MiB-at-the-limit"),
+        pytest.param({f"key-{i:04}": b64(f"CANARY-{i:04}") for i in range(1000)}, id="1000-keys"),
+        pytest.param(binary(), id="binary-values"),
+    ],
+)
+def test_edge_payloads_are_projected_exactly(
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    controller: ControllerProcess,
+    data: dict[str, str],
+) -> None:
+    """The copy holds exactly the source's bytes, with projector's metadata added on top."""
+    src, dst = make_namespace(), make_namespace()
+    raw_source(k8s, src, "edge", data)
+    g = k8s.grant((src, "edge"), namespaces=[dst])
+    eventually(lambda: projected(k8s, g) == 1, timeout=60)
+    copy = k8s.copy(dst, "edge")
+    assert copy is not None and copy.data == data
+    assert copy.metadata.annotations["projector.nebari.dev/grant-uid"]
+    eventually(controller.settled, timeout=30)
+    copy_writes = controller.metric("projector_writes_total", result="ok")
+    assert copy_writes == 1  # created once, then seen to be in sync: no rewrite loop
+
+
+def test_a_typed_secret_whose_required_key_is_filtered_out_becomes_opaque(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess
+) -> None:
+    """Without `.dockerconfigjson` the API server would refuse the type: the copy is Opaque."""
+    src, dst = make_namespace(), make_namespace()
+    config = '{"auths":{"registry.example":{"auth":"CANARY-docker-auth"}}}'
+    k8s.source(
+        src,
+        "pull",
+        {".dockerconfigjson": config, "note": "CANARY-note"},
+        export_to="*",
+        type_="kubernetes.io/dockerconfigjson",
+    )
+    g = k8s.grant((src, "pull"), namespaces=[dst], keys=[{"from": "note"}])
+    eventually(lambda: projected(k8s, g) == 1, timeout=60)
+    copy = k8s.copy(dst, "pull")
+    assert copy is not None and copy.type == "Opaque"
+    assert k8s.copy_data(dst, "pull") == {"note": "CANARY-note"}
+
+
+def test_a_copy_the_api_server_refuses_is_reported_without_a_hot_loop(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess
+) -> None:
+    """One source key mapped twice makes a copy over 1 MiB: the server says 422 (Invalid).
+
+    The grant's status names the namespace and the server's reason; the grant is retried with
+    backoff (a logarithmic number of attempts, not one per event-loop turn); the controller
+    lives on and other grants keep projecting.
+    """
+    src, bad, good = make_namespace(), make_namespace(), make_namespace()
+    started = time.monotonic()
+    k8s.source(src, "big", {"v": canary(MAX_SECRET * 3 // 5)}, export_to="*")
+    k8s.source(src, "small", {"v": "CANARY-small-1"}, export_to="*")
+    twice = [{"from": "v", "to": "one"}, {"from": "v", "to": "two"}]
+    refused = k8s.grant((src, "big"), namespaces=[bad], keys=twice)
+    fine = k8s.grant((src, "small"), namespaces=[good])
+    failure = eventually(lambda: (k8s.status(refused).get("failures") or [None])[0], timeout=60)
+    assert failure["namespace"] == bad and failure["reason"] == "WriteFailed"
+    assert "422" in failure["message"] and "too long" in failure["message"].lower(), failure
+    ready = k8s.condition(refused, "Ready")
+    assert ready is not None and ready["status"] == "False"
+    eventually(lambda: projected(k8s, fine) == 1, timeout=30)
+    k8s.patch_secret(src, "small", {"data": {"v": "CANARY-small-2"}})
+    eventually(lambda: k8s.copy_data(good, "small") == {"v": "CANARY-small-2"}, timeout=30)
+    assert k8s.copy(bad, "big") is None
+    assert controller.ready()
+    refusals = controller.metric(
+        "projector_api_requests_total", verb="CREATE", resource="secrets", code="422"
+    )
+    elapsed = time.monotonic() - started
+    assert 1 <= refusals <= 3 + math.log2(elapsed / 0.005), (refusals, elapsed)
