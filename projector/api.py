@@ -39,16 +39,19 @@ GRANTS = Resource("projector.nebari.dev/v1alpha1", "projectiongrants", False, "P
 class Api(Protocol):
     """The calls projector makes; each raises `projector.errors.ApiError` subclasses only."""
 
-    async def list(
+    def pages(
         self,
         res: Resource,
         *,
         namespace: str | None = None,
         label_selector: str | None = None,
         metadata_only: bool = False,
-        page: int = 500,
-    ) -> tuple[list[Obj], str]:
-        """Every object (paged), and the list's resourceVersion."""
+        limit: int = 500,
+    ) -> AsyncGenerator[tuple[list[Obj], str], None]:
+        """A list, one page of at most `limit` objects at a time, with the list's version.
+
+        Raises `Gone` if the list expired before its last page.
+        """
         ...
 
     def watch(
@@ -70,9 +73,17 @@ class Api(Protocol):
         ...
 
     async def create(
-        self, res: Resource, body: Obj | bytes, *, namespace: str | None = None
+        self,
+        res: Resource,
+        body: Obj | bytes,
+        *,
+        namespace: str | None = None,
+        metadata_only: bool = False,
     ) -> Obj:
-        """POST a new object (a dict, or its JSON already encoded)."""
+        """POST a new object (a dict, or its JSON already encoded).
+
+        With `metadata_only`, the answer carries the object's metadata alone.
+        """
         ...
 
     async def replace(
@@ -82,6 +93,7 @@ class Api(Protocol):
         *,
         namespace: str | None = None,
         name: str | None = None,
+        metadata_only: bool = False,
     ) -> Obj:
         """PUT the whole object, conditional on its metadata.resourceVersion.
 

@@ -1,6 +1,6 @@
 """Informers: list, then watch, into a store's cache; ours, because kr8s has none.
 
-The reflector loop is client-go's: LIST (paginated), then WATCH from the list's
+The reflector loop is client-go's: LIST (page by page), then WATCH from the list's
 resourceVersion with bookmarks and a server timeout; a watch that ends normally resumes from
 the last resourceVersion seen; a 410 Gone relists and turns what vanished into deletions; any
 other failure backs off (0.8 s doubling to 30 s) and retries. A client read deadline turns a
@@ -68,18 +68,26 @@ class Informer(Generic[K, T]):
             self._on_event(self.name, kind)
 
     async def _relist(self) -> None:
-        """Bring the cache to a fresh list; what vanished is reported as deleted."""
-        objs, rv = await self.api.list(self.spec.resource, label_selector=self.spec.label_selector)
+        """Bring the cache to a fresh list; what vanished is reported as deleted.
+
+        The list is read page by page, each page parsed into the cache before the next is
+        asked for; only the keys seen are kept until the end, where whatever the list did not
+        contain is removed. A list that expires before its last page (`Gone`) removes nothing:
+        the caller starts a fresh one.
+        """
         seen: set[K] = set()
-        for obj in objs:
-            parsed = self.spec.entry(obj)
-            if parsed is None:
-                continue
-            k, new = parsed
-            seen.add(k)
-            old = self.cache.put(k, new)
-            if old != new:
-                self._event("ADDED" if old is None else "MODIFIED")
+        rv = ""
+        pages = self.api.pages(
+            self.spec.resource, label_selector=self.spec.label_selector, limit=self.spec.page
+        )
+        async with contextlib.aclosing(pages):
+            async for page, version in pages:
+                rv = version
+                for k, new in self.spec.entries(page):
+                    seen.add(k)
+                    old = self.cache.put(k, new)
+                    if old != new:
+                        self._event("ADDED" if old is None else "MODIFIED")
         for k in [k for k in self.cache if k not in seen]:
             self.cache.pop(k)
             self._event("DELETED")

@@ -178,7 +178,7 @@ class Kube:
                     timeout=timeout,
                     server_hostname=self._server_name,
                 ) as response:
-                    status, raw = response.status, await response.read()
+                    status, raw = response.status, await _read(response)
                     retry_after = response.headers.get("Retry-After")
             except (aiohttp.ClientError, TimeoutError, OSError) as e:
                 self._record(verb, res, 0, started)
@@ -202,18 +202,23 @@ class Kube:
         except Exception as e:  # kr8s raises anything from ValueError up
             raise ServerError(0, "ReauthenticationFailed", f"{type(e).__name__}: {e}") from None
 
-    async def list(
+    async def pages(
         self,
         res: Resource,
         *,
         namespace: str | None = None,
         label_selector: str | None = None,
         metadata_only: bool = False,
-        page: int = 500,
-    ) -> tuple[list[Obj], str]:
-        """List every object, page by page; returns the items and the list's resourceVersion."""
-        items: list[Obj] = []
-        params = {"limit": str(page)}
+        limit: int = 500,
+    ) -> AsyncGenerator[tuple[list[Obj], str], None]:
+        """Yield a list one page at a time: (the page's items, the list's resourceVersion).
+
+        One request per page (`limit`, then `continue`), and nothing of a page is kept once
+        the next one is asked for, so a list costs one page of memory, not the whole list.
+        A continue token that expired mid-list raises `Gone`: the caller starts over, since
+        what it saw of a list it could not finish is no evidence of what is gone.
+        """
+        params = {"limit": str(limit)}
         if label_selector:
             params["labelSelector"] = label_selector
         while True:
@@ -228,10 +233,40 @@ class Kube:
             meta = out.get("metadata") or {}
             if not str(out.get("kind", "")).endswith("List") or not meta.get("resourceVersion"):
                 raise _incomplete(f"a {res.kind} list")  # never "nothing is there"
-            items.extend(out.get("items") or ())  # an empty list may say `"items": null`
+            page: list[Obj] = out.get("items") or []  # an empty list may say `"items": null`
+            del out
+            yield page, str(meta["resourceVersion"])
+            del page  # the caller is done with it: not alive while the next page arrives
             if not meta.get("continue"):
-                return items, str(meta.get("resourceVersion", ""))
+                return
             params["continue"] = meta["continue"]
+
+    async def list(
+        self,
+        res: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        metadata_only: bool = False,
+        limit: int = 500,
+    ) -> tuple[list[Obj], str]:
+        """Every object at once, and the list's resourceVersion.
+
+        For tools and benchmarks: the controller reads lists with `pages`.
+        """
+        items: list[Obj] = []
+        rv = ""
+        pages = self.pages(
+            res,
+            namespace=namespace,
+            label_selector=label_selector,
+            metadata_only=metadata_only,
+            limit=limit,
+        )
+        async for page, version in pages:
+            items.extend(page)
+            rv = version
+        return items, rv
 
     async def watch(
         self,
@@ -277,13 +312,9 @@ class Kube:
                         await self._reauthenticate()  # the informer retries with the new token
                     raise _from_body(response.status, raw, response.headers.get("Retry-After"))
                 yield "OPEN", {}
-                buffer = b""
-                async for chunk in response.content.iter_any():
-                    buffer += chunk
-                    *lines, buffer = buffer.split(b"\n")
-                    for line in lines:
-                        if line.strip():
-                            yield _event(line)
+                async for event in _lines(response.content):
+                    yield event
+                    del event  # not alive while the next event is read
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             self._record("WATCH", res, 0, started)
             raise ServerError(0, type(e).__name__, str(e) or "watch connection lost") from None
@@ -297,12 +328,22 @@ class Kube:
         return _whole(out, res)
 
     async def create(
-        self, res: Resource, body: Obj | bytes, *, namespace: str | None = None
+        self,
+        res: Resource,
+        body: Obj | bytes,
+        *,
+        namespace: str | None = None,
+        metadata_only: bool = False,
     ) -> Obj:
-        """POST a new object (409 AlreadyExists if the name is taken)."""
+        """POST a new object (409 AlreadyExists if the name is taken).
+
+        `metadata_only` asks the server to answer with the object's metadata alone: a copy
+        written is not sent back to us whole (1 MiB per copy of a 1 MiB Secret).
+        """
         params = {"fieldManager": FIELD_MANAGER}
+        accept = _METADATA_ONLY if metadata_only else _JSON
         return await self._request(
-            "CREATE", "POST", res, namespace=namespace, params=params, body=body
+            "CREATE", "POST", res, namespace=namespace, params=params, body=body, accept=accept
         )
 
     async def replace(
@@ -312,14 +353,23 @@ class Kube:
         *,
         namespace: str | None = None,
         name: str | None = None,
+        metadata_only: bool = False,
     ) -> Obj:
         """PUT the whole object; its metadata.resourceVersion makes a stale write fail with 409."""
         params = {"fieldManager": FIELD_MANAGER}
         if name is None:
             assert isinstance(body, dict), "an encoded body needs its name"
             name = str(body["metadata"]["name"])
+        accept = _METADATA_ONLY if metadata_only else _JSON
         return await self._request(
-            "UPDATE", "PUT", res, namespace=namespace, name=name, params=params, body=body
+            "UPDATE",
+            "PUT",
+            res,
+            namespace=namespace,
+            name=name,
+            params=params,
+            body=body,
+            accept=accept,
         )
 
     async def delete(
@@ -387,6 +437,42 @@ def _whole(obj: Obj, res: Resource) -> Obj:
     return obj
 
 
+async def _read(response: aiohttp.ClientResponse) -> bytearray:
+    """A whole response body, grown in place as it arrives.
+
+    aiohttp's `read()` keeps every chunk until the end and joins them into a second copy: a
+    page of 1 MiB Secrets would briefly be held twice before it is even parsed.
+    """
+    body = bytearray()
+    async for chunk in response.content.iter_any():
+        body += chunk
+    return body
+
+
+async def _lines(content: aiohttp.StreamReader) -> AsyncGenerator[tuple[str, Obj], None]:
+    """The events of a watch stream, one JSON line each, whatever their size.
+
+    aiohttp's readline refuses lines over 128 KiB, so chunks are split here: the parts of a
+    line are kept as a list and joined once (linear, where `buffer += chunk` copied a 1 MiB
+    event again for every chunk), and nothing of an event is held once it is decoded.
+    """
+    parts: list[bytes] = []
+    async for chunk in content.iter_any():
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            parts.append(chunk[start:end])
+            line = b"".join(parts)
+            parts.clear()
+            start = end + 1
+            if line.strip():
+                event = _event(line)
+                del line
+                yield event
+                del event
+        if start < len(chunk):
+            parts.append(chunk[start:] if start else chunk)
+
+
 def _event(line: bytes) -> tuple[str, Obj]:
     try:
         event = orjson.loads(line)
@@ -414,7 +500,7 @@ def _from_status(status: Mapping[str, Any], code: int = 0, retry_after: float = 
     )
 
 
-def _from_body(code: int, raw: bytes, retry_after: str | None) -> ApiError:
+def _from_body(code: int, raw: bytes | bytearray, retry_after: str | None) -> ApiError:
     """The error an HTTP status and its body (a metav1.Status, or anything) stand for."""
     try:
         status = orjson.loads(raw) if raw else {}

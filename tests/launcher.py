@@ -91,11 +91,20 @@ class ControllerProcess:
     def logs(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def rss_mib(self) -> float:
+    def _status_mib(self, field: str) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
         return float("nan")
+
+    def rss_mib(self) -> float:
+        """Resident memory now."""
+        return self._status_mib("VmRSS")
+
+    def peak_rss_mib(self) -> float:
+        """The highest resident memory since the process started (VmHWM): what an OOM kill
+        of a container limit would have seen, however briefly it lasted."""
+        return self._status_mib("VmHWM")
 
     def cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()

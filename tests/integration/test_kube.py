@@ -93,3 +93,28 @@ async def test_a_401_reauthenticates_once_then_reports_it(
         assert codes == [401, 401]  # one re-authentication (the same bad token), then the error
     finally:
         await kube.close()
+
+
+async def test_a_list_comes_page_by_page_and_writes_can_answer_with_metadata_only(
+    projector_kubeconfig: Path, make_namespace: NamespaceFactory
+) -> None:
+    """`limit` and `continue` on the real server; a copy written is not sent back whole."""
+    ns = make_namespace()
+    kube = await Kube.connect(str(projector_kubeconfig))
+    try:
+        for i in range(5):
+            made = await kube.create(SECRETS, secret(f"s{i}"), namespace=ns, metadata_only=True)
+            assert made["metadata"]["name"] == f"s{i}" and "data" not in made
+        first = await kube.get(SECRETS, "s0", namespace=ns, metadata_only=True)
+        rv = first["metadata"]["resourceVersion"]
+        body = {**secret("s0"), "metadata": {"name": "s0", "resourceVersion": rv}}
+        put = await kube.replace(SECRETS, body, namespace=ns, metadata_only=False)
+        assert "data" in put  # without metadata_only, the server's whole answer
+        pages = [
+            (sorted(o["metadata"]["name"] for o in p), rv)
+            async for p, rv in kube.pages(SECRETS, namespace=ns, limit=2)
+        ]
+        assert [names for names, _ in pages] == [["s0", "s1"], ["s2", "s3"], ["s4"]]
+        assert len({rv for _, rv in pages}) == 1  # one consistent list, read in three requests
+    finally:
+        await kube.close()

@@ -61,25 +61,42 @@ class FakeApi:
             raise NotFound(404, "NotFound", f'{res.plural} "{name}" not found')
         return obj
 
-    async def list(
+    async def pages(
         self,
         res: Resource,
         *,
         namespace: str | None = None,
         label_selector: str | None = None,
         metadata_only: bool = False,
-        page: int = 500,
-    ) -> tuple[list[Obj], str]:
-        self._call("LIST", res)
+        limit: int = 500,
+    ) -> AsyncGenerator[tuple[list[Obj], str], None]:
+        """One LIST call per page of `limit`.
+
+        An error scripted for a later call fails the list midway (`Gone`: the continue token
+        expired).
+        """
         want = dict(p.split("=", 1) for p in (label_selector or "").split(",") if p)
-        out = [
-            copy.deepcopy(o)
-            for (plural, ns, _), o in self.objects.items()
-            if plural == res.plural
-            and (namespace is None or ns == namespace)
+        keys = sorted(
+            key
+            for key, o in self.objects.items()
+            if key[0] == res.plural
+            and (namespace is None or key[1] == namespace)
             and all((o["metadata"].get("labels") or {}).get(k) == v for k, v in want.items())
-        ]
-        return out, str(next(self._rv))
+        )
+        rv = str(next(self._rv))
+        for start in range(0, max(len(keys), 1), limit):
+            self._call("LIST", res)
+            page = keys[start : start + limit]
+            yield [copy.deepcopy(self.objects[k]) for k in page if k in self.objects], rv
+
+    async def list(self, res: Resource, **kw: Any) -> tuple[list[Obj], str]:
+        """Every page at once (for assertions)."""
+        out: list[Obj] = []
+        rv = ""
+        async for page, version in self.pages(res, **kw):
+            out.extend(page)
+            rv = version
+        return out, rv
 
     async def watch(
         self,
@@ -102,7 +119,12 @@ class FakeApi:
         return {"metadata": obj["metadata"]} if metadata_only else obj
 
     async def create(
-        self, res: Resource, body: Obj | bytes, *, namespace: str | None = None
+        self,
+        res: Resource,
+        body: Obj | bytes,
+        *,
+        namespace: str | None = None,
+        metadata_only: bool = False,
     ) -> Obj:
         body = orjson.loads(body) if isinstance(body, bytes) else body
         name = body["metadata"]["name"]
@@ -120,6 +142,7 @@ class FakeApi:
         *,
         namespace: str | None = None,
         name: str | None = None,
+        metadata_only: bool = False,
     ) -> Obj:
         body = orjson.loads(body) if isinstance(body, bytes) else body
         name = body["metadata"]["name"]

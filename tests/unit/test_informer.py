@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -24,7 +24,7 @@ def obj(name: str, rv: str, v: str = "x") -> Obj:
 
 
 class ScriptedKube:
-    """list() serves `objects`; each watch() plays the next script: events, then an error."""
+    """pages() serves `objects`; each watch() plays the next script: events, then an error."""
 
     def __init__(self) -> None:
         self.objects: dict[str, Obj] = {}
@@ -35,12 +35,23 @@ class ScriptedKube:
         self.idle = asyncio.Event()
         self.later: tuple[dict[str, Obj], str] | None = None
         """What later lists return: the world as it moved on meanwhile."""
+        self.page_errors: dict[tuple[int, int], BaseException] = {}
+        """(list number, page index) -> the error that page's request raises."""
+        self.before_page: Callable[[], None] = lambda: None
+        """Called as each page is requested (to see what the informer did with the last)."""
 
-    async def list(self, _res: Any, **_kw: Any) -> tuple[list[Obj], str]:
+    async def pages(
+        self, _res: Any, *, limit: int, **_kw: Any
+    ) -> AsyncGenerator[tuple[list[Obj], str], None]:
         self.lists += 1
         if self.later is not None and self.lists > 1:
             self.objects, self.rv = self.later
-        return list(self.objects.values()), self.rv
+        objs = list(self.objects.values())
+        for index, start in enumerate(range(0, max(len(objs), 1), limit)):
+            self.before_page()
+            if (error := self.page_errors.pop((self.lists, index), None)) is not None:
+                raise error
+            yield objs[start : start + limit], self.rv
 
     async def watch(
         self, _res: Any, *, resource_version: str, **_kw: Any
@@ -75,9 +86,11 @@ SPEC: Spec[str, str] = Spec(
 )
 
 
-def informer(kube: ScriptedKube, changes: list[tuple[Any, Any]]) -> Informer[str, Any]:
+def informer(
+    kube: ScriptedKube, changes: list[tuple[Any, Any]], spec: Spec[str, str] = SPEC
+) -> Informer[str, Any]:
     fake: Api = kube  # type: ignore[assignment]
-    cache: Cache[str, str] = Cache(SPEC, lambda old, new: changes.append((old, new)))
+    cache: Cache[str, str] = Cache(spec, lambda old, new: changes.append((old, new)))
     return Informer(fake, cache, backoff=(0.0, 0.0))
 
 
@@ -100,6 +113,46 @@ async def test_410_relists_and_reports_what_vanished_as_deleted() -> None:
     assert items(inf) == {"a": "y", "c": "x"}
     assert (None, "x") in changes  # c added by the relist
     assert ("x", None) in changes  # b deleted by the relist (authoritative: a fresh list)
+    assert inf.cache.synced.is_set() and inf.cache.healthy.is_set()
+
+
+PAGED: Spec[str, str] = Spec(
+    Kind.COPY, SECRETS, lambda o: o["data"]["v"], lambda o: o["metadata"]["name"], page=2
+)
+
+
+async def test_a_list_is_cached_page_by_page() -> None:
+    """Each page is in the cache before the next is asked for: one page in memory at a time."""
+    kube = ScriptedKube()
+    kube.objects = {n: obj(n, "5") for n in "abcde"}
+    changes: list[tuple[Any, Any]] = []
+    inf = informer(kube, changes, PAGED)
+    cached_before_page: list[int] = []
+    kube.before_page = lambda: cached_before_page.append(len(inf.cache))
+    async with running(inf):
+        await asyncio.wait_for(kube.idle.wait(), 5)
+    assert cached_before_page == [0, 2, 4]  # pages of 2, each parsed before the next request
+    assert items(inf) == dict.fromkeys("abcde", "x")
+    assert kube.watch_rvs == ["10"]
+
+
+async def test_a_list_that_expires_midway_deletes_nothing_and_starts_over() -> None:
+    """A 410 on a continue token: what the partial list lacked is no evidence of deletion."""
+    kube = ScriptedKube()
+    kube.objects = {n: obj(n, "5") for n in "abcd"}
+    kube.scripts = [([], Gone(410, "Expired"))]  # the first watch expires: relist
+    kube.later = ({n: obj(n, "21") for n in "ace"}, "20")  # b and d deleted, e created
+    kube.page_errors = {(2, 1): Gone(410, "Expired", "continue token expired")}
+    changes: list[tuple[Any, Any]] = []
+    inf = informer(kube, changes, PAGED)
+    cached: list[set[str]] = []
+    kube.before_page = lambda: cached.append(set(inf.cache))
+    async with running(inf):
+        await asyncio.wait_for(kube.idle.wait(), 5)
+    assert kube.lists == 3  # the first list, the one that expired on its 2nd page, a fresh one
+    assert cached[4] == set("abcd")  # as list 3 starts: b and d still there after the 410
+    assert items(inf) == dict.fromkeys("ace", "x")  # removed only once a whole list lacked them
+    assert kube.watch_rvs == ["10", "20"]
     assert inf.cache.synced.is_set() and inf.cache.healthy.is_set()
 
 

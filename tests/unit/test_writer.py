@@ -257,3 +257,38 @@ async def test_a_closed_fence_refuses_every_write_before_it_is_sent() -> None:
     with pytest.raises(Fenced):
         await w.create_event({"metadata": {"name": "g.1"}}, "default")
     assert api.calls == []
+
+
+class SlowApi(FakeApi):
+    """Creates that take a moment, counting how many are in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = 0
+        self.peak = 0
+
+    async def create(self, res: Any, body: Any, **kw: Any) -> Any:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        await asyncio.sleep(0.01)
+        self.in_flight -= 1
+        return await super().create(res, body, **kw)
+
+
+@pytest.mark.parametrize(
+    ("size", "peak"),
+    [
+        pytest.param(6 * 1024 * 1024, 2, id="big-copies-two-at-a-time"),
+        pytest.param(1024, 8, id="small-copies-all-at-once"),
+    ],
+)
+async def test_copy_data_in_flight_is_bounded_in_bytes(size: int, peak: int) -> None:
+    """Writes of big copies wait for bytes in flight to fall under WRITE_BYTES (16 MiB)."""
+    targets = [f"n{i}" for i in range(8)]
+    grant = make_grant(namespaces=tuple(targets))
+    source = make_source(data={"blob": "A" * size})
+    api = SlowApi()
+    w, _ = writer(api)
+    outcomes = await w.execute(plan(make_snapshot(grant, source, namespaces=namespaces(*targets))))
+    assert {o.reason for o in outcomes} == {Reason.PROJECTED}
+    assert api.peak == peak
