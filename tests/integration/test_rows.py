@@ -176,12 +176,13 @@ def test_a_burst_of_source_changes_is_one_write_per_copy(
 def test_unsatisfiable_grants_are_told_once_and_not_retried_in_a_loop(
     k8s: Cluster,
     make_namespace: NamespaceFactory,
-    controller: ControllerProcess,
+    start_controller: Any,
 ) -> None:
     """Valid grants the world cannot satisfy yet: a listed namespace that does not exist, a
     source that does not exist, a source that has not opted in. Each gets Ready=False with the
     reason and one Warning Event; nothing is written; the controller does not keep reconciling
     them; and each is satisfied as soon as the world catches up."""
+    controller = start_controller()
     src, b, c = make_namespace(), make_namespace(), make_namespace()
     missing = unique_name("rows-missing")
     k8s.source(src, "hub", DATA, export_to="*")
@@ -218,6 +219,10 @@ def test_unsatisfiable_grants_are_told_once_and_not_retried_in_a_loop(
         message="an unsatisfiable grant is reconciled again and again",
     )
     assert controller.metric("projector_writes_total") == 0  # not one copy written
+    # a restart reconciles each grant again in the same state: still told once, not per reconcile
+    assert controller.stop() == 0
+    again = start_controller()
+    eventually(lambda: again.reconciles() >= len(reasons) and again.settled(), timeout=60)
     told = warnings()
     assert all(told[g].count(r) == 1 for g, r in reasons.items()), told  # told once, not per retry
     assert k8s.copy(b, "ghost") is None and k8s.copy(c, "plain") is None
