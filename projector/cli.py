@@ -21,7 +21,7 @@ from projector import explain as explaining
 from projector import validate as validating
 from projector.api import SECRETS
 from projector.errors import NotFound, ProjectorError
-from projector.model import EXPORT_LABEL, EXPORT_TO_ANNOTATION, ObjectKey, parse_export_to
+from projector.model import EXPORT_TO_ANNOTATION, ObjectKey, is_exported, parse_export_to
 from projector.reconcile import Action, Plan, plan
 
 if TYPE_CHECKING:  # explain only: `validate` stays offline and quick to start
@@ -110,7 +110,7 @@ async def _explain_secret(
     except NotFound:
         exists = False
     export_to = parse_export_to(notes.get(EXPORT_TO_ANNOTATION))
-    exported = labels.get(EXPORT_LABEL) == "true"
+    exported = is_exported(labels)
     reports = []
     targeted: set[str] = set()
     for gname, rec in sorted(store.grants.items()):

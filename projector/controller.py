@@ -140,7 +140,8 @@ class Controller:
             snap = await self.store.snapshot(name)
             rec = snap.record
             if rec is not None and rec.grant is None:
-                await self._report(rec, status.invalid(rec), [])
+                invalid = status.invalid(rec)
+                await self._report(rec, invalid, status.events((), rec.status, invalid))
                 return Result.OK
             plan = reconcile.plan(snap)
             self.store.want(name, plan.desired)
@@ -153,7 +154,7 @@ class Controller:
                     attempt = self.queue.num_requeues(name)
                     retry = (attempt + 1, self.queue.backoff(attempt))
                 new = status.compute(plan, outcomes, retry=retry)
-                await self._report(rec, new, status.events(outcomes, rec.status))
+                await self._report(rec, new, status.events(outcomes, rec.status, new))
             else:
                 self.metrics.grant_ready(name, None)  # the grant is gone: it no longer counts
             self.metrics.reconcile_took(time.monotonic() - started)

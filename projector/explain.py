@@ -70,12 +70,12 @@ def _denied_why(plan: Plan, namespace: str) -> str:
         return f"producer consent missing: the source has no label {EXPORT_LABEL}=true"
     if source is None:
         return "producer consent missing: the source is not exported"
-    if not source.export_to:
+    if not source.export_to and not source.ignored_export_to:
         return (
             f"producer consent missing: the source has no {EXPORT_TO_ANNOTATION} annotation "
             "(missing or empty means nobody)"
         )
-    allowed = ",".join(source.export_to)
+    allowed = ",".join(source.export_to + source.ignored_export_to)
     return (
         f"producer consent missing: {EXPORT_TO_ANNOTATION}={allowed!r} does not match {namespace}"
     )

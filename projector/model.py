@@ -22,6 +22,8 @@ VERSION = "v1alpha1"
 PREFIX = f"{GROUP}/"
 
 EXPORT_LABEL = f"{PREFIX}export"
+EXPORT_VALUE = "true"
+"""The export label's only opting-in value (`True`, `yes` or `1` are not consent)."""
 EXPORT_TO_ANNOTATION = f"{PREFIX}export-to"
 MANAGED_BY_LABEL = f"{PREFIX}managed-by"
 MANAGED_BY_VALUE = "projector"
@@ -141,10 +143,11 @@ class Source:
     data: Mapping[str, str] = field(repr=False)
     """base64 values exactly as the API returned them; never logged (not even in a repr)."""
     export_to: tuple[str, ...]
-    """Patterns from the export-to annotation; empty means nobody."""
+    """The valid patterns of the export-to annotation (names and globs); empty means nobody."""
     ignored_export_to: tuple[str, ...] = ()
-    """Entries of the annotation that are neither a namespace name nor a glob (`-foo`, `!foo`):
-    they match nothing, and the grant's status says so rather than ignore them silently."""
+    """Entries of the annotation that are neither a namespace name nor a glob (`-foo`, `!foo`,
+    `[!a]*`): they match nothing (never handed to fnmatch, which would read `[!a]` as a
+    negation), and the grant's status says so rather than ignore them silently."""
 
     def exports_to(self, namespace: str) -> bool:
         """Tell whether the producer allows a copy in `namespace` (default deny)."""
@@ -194,6 +197,11 @@ _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}")
 _OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
+_QUALIFIED_NAME = re.compile(
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?")
 
 
 def _is_label(value: object) -> bool:
@@ -217,6 +225,20 @@ def _is_secret_key(value: object) -> bool:
     )
 
 
+def is_qualified_name(value: object) -> bool:
+    """A label or annotation key as the API server accepts it (the CRD's rule, re-checked)."""
+    return (
+        isinstance(value, str)
+        and _QUALIFIED_NAME.fullmatch(value) is not None
+        and len(value.split("/")[0]) <= 253
+    )
+
+
+def is_label_value(value: object) -> bool:
+    """A label value as the API server accepts it: at most 63 characters, may be empty."""
+    return isinstance(value, str) and _LABEL_VALUE.fullmatch(value) is not None
+
+
 def _strings(value: object, what: str, grant: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise InvalidGrant(grant, f"{what} must be a list of strings")
@@ -225,6 +247,11 @@ def _strings(value: object, what: str, grant: str) -> list[str]:
 
 _EXPORT_PATTERN = re.compile(r"[a-z0-9*?\[][-a-z0-9*?\[\]]*")
 """A namespace name, or a shell glob over namespace names (no negation: `!` is refused)."""
+
+
+def is_exported(labels: Mapping[str, str]) -> bool:
+    """Tell whether a Secret's labels opt it in as a contract (the producer's first consent)."""
+    return labels.get(EXPORT_LABEL) == EXPORT_VALUE
 
 
 def parse_export_to(value: str | None) -> tuple[str, ...]:
@@ -271,15 +298,7 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
             raise InvalidGrant(name, "keys[].to must be unique")
     namespaces = frozenset(_strings(target.get("namespaces") or [], "namespaces", name))
     sel = target.get("namespaceSelector")
-    selector = None
-    if sel is not None:
-        exprs = tuple(
-            (e.get("key", ""), e.get("operator", ""), tuple(e.get("values") or ()))
-            for e in sel.get("matchExpressions") or ()
-        )
-        if any(op not in _OPERATORS for _, op, _ in exprs):
-            raise InvalidGrant(name, f"selector operators must be one of {sorted(_OPERATORS)}")
-        selector = LabelSelector(tuple(sorted((sel.get("matchLabels") or {}).items())), exprs)
+    selector = None if sel is None else _parse_selector(sel, name)
     if not namespaces and selector is None:
         raise InvalidGrant(name, "target needs namespaces or namespaceSelector")
     target_name = target.get("name") or src["name"]
@@ -291,8 +310,13 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
     labels = tuple(sorted((target.get("labels") or {}).items()))
     annotations = tuple(sorted((target.get("annotations") or {}).items()))
     for k, _ in labels + annotations:
+        if not is_qualified_name(k):
+            raise InvalidGrant(name, f"target metadata key {k!r} is not a qualified name")
         if k.startswith(PREFIX) or k.split("/")[0].endswith("." + GROUP):
             raise InvalidGrant(name, f"target metadata key {k!r} is reserved for projector")
+    for k, v in labels:
+        if not is_label_value(v):
+            raise InvalidGrant(name, f"target label {k!r} has an invalid value")
     try:
         on_revoke = OnRevoke(policy.get("onRevoke", OnRevoke.DELETE.value))
         on_source_deleted = OnSourceDeleted(
@@ -318,17 +342,51 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
     )
 
 
+def _parse_selector(sel: Any, grant: str) -> LabelSelector:
+    """A namespaceSelector, refused when empty: an empty selector would select every namespace.
+
+    The CRD refuses it too; this re-check covers grants stored before that rule existed.
+    """
+    if not isinstance(sel, Mapping):
+        raise InvalidGrant(grant, "namespaceSelector must be an object")
+    match_labels = sel.get("matchLabels") or {}
+    raw = sel.get("matchExpressions") or ()
+    if not match_labels and not raw:
+        raise InvalidGrant(
+            grant, "namespaceSelector needs at least one matchLabels or matchExpressions entry"
+        )
+    for k, v in match_labels.items():
+        if not is_qualified_name(k) or not is_label_value(v):
+            raise InvalidGrant(grant, f"namespaceSelector.matchLabels entry {k!r} is invalid")
+    exprs = tuple(
+        (e.get("key", ""), e.get("operator", ""), tuple(e.get("values") or ())) for e in raw
+    )
+    for key, op, values in exprs:
+        if op not in _OPERATORS:
+            raise InvalidGrant(grant, f"selector operators must be one of {sorted(_OPERATORS)}")
+        if not is_qualified_name(key) or not all(is_label_value(v) for v in values):
+            raise InvalidGrant(grant, f"namespaceSelector expression on {key!r} is invalid")
+        if bool(values) != (op in ("In", "NotIn")):
+            raise InvalidGrant(
+                grant,
+                "selector values must be non-empty for In and NotIn, "
+                "and empty for Exists and DoesNotExist",
+            )
+    return LabelSelector(tuple(sorted(match_labels.items())), exprs)
+
+
 def parse_source(obj: Mapping[str, Any]) -> Source:
     """Parse a contract Secret as cached: content kept, since copies are built from it."""
     meta = obj["metadata"]
-    export_to = parse_export_to((meta.get("annotations") or {}).get(EXPORT_TO_ANNOTATION))
+    patterns = parse_export_to((meta.get("annotations") or {}).get(EXPORT_TO_ANNOTATION))
+    ignored = invalid_export_to(patterns)
     return Source(
         key=ObjectKey(meta["namespace"], meta["name"]),
         uid=Uid(meta.get("uid", "")),
         type=obj.get("type") or "Opaque",
         data=dict(obj.get("data") or {}),
-        export_to=export_to,
-        ignored_export_to=invalid_export_to(export_to),
+        export_to=tuple(p for p in patterns if p not in ignored),
+        ignored_export_to=ignored,
     )
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 
 from projector.model import (
     GRANT_LABEL,
@@ -104,11 +105,13 @@ FAILURE_REASONS = frozenset(
         Reason.CONFLICT,
         Reason.GRANT_CONFLICT,
         Reason.SOURCE_NAMESPACE,
+        Reason.NAMESPACE_MISSING,
         Reason.KEY_MISSING,
         Reason.WRITE_FAILED,
     }
 )
-"""Reasons that an admin must act on; they are listed in the grant's status.failures."""
+"""Reasons that an admin must act on; they are listed in the grant's status.failures (a listed
+namespace that does not exist is most often a typo in the grant)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,14 +381,45 @@ def desired_copy(grant: Grant, source: Source) -> Desired | str:
     )
 
 
+class Consent(StrEnum):
+    """Who refuses a copy of a grant in one namespace, if anyone (see `consent`)."""
+
+    GRANTED = "Granted"
+    """The admin's grant aims here and the producer exports here."""
+    SOURCE_NAMESPACE = "SourceNamespace"
+    """The source's own namespace: never a target, whatever lists, selectors or globs say."""
+    NOT_TARGETED = "NotTargeted"
+    """The admin's grant neither lists the namespace nor selects it."""
+    NOT_EXPORTED = "NotExported"
+    """No source carries the export label: the producer has not opted in (or no longer)."""
+    EXPORT_TO_MISMATCH = "ExportToMismatch"
+    """The producer opted in, but no valid export-to entry matches (missing or empty: nobody)."""
+
+
+def consent(
+    grant: Grant, source: Source | None, namespace: str, labels: Mapping[str, str]
+) -> Consent:
+    """The one consent rule: may a copy of `grant` exist in `namespace` (with those labels)?
+
+    Both the admin (the grant's list or selector) and the producer (the export label, then the
+    export-to names and globs) must agree, and the source's own namespace never qualifies.
+    `source` is the grant's source as cached, which only a Secret labelled
+    `model.is_exported` ever is: None means the producer has not opted in.
+    """
+    if namespace == grant.source.namespace:
+        return Consent.SOURCE_NAMESPACE
+    if not grant.targets(namespace, labels):
+        return Consent.NOT_TARGETED
+    if source is None:
+        return Consent.NOT_EXPORTED
+    if not source.exports_to(namespace):
+        return Consent.EXPORT_TO_MISMATCH
+    return Consent.GRANTED
+
+
 def _wants(grant: Grant, source: Source | None, ns: Namespace) -> bool:
     """Tell whether both the admin and the producer want a copy of `grant` in `ns`."""
-    return (
-        ns.name != grant.source.namespace
-        and grant.targets(ns.name, ns.labels)
-        and source is not None
-        and source.exports_to(ns.name)
-    )
+    return consent(grant, source, ns.name, ns.labels) is Consent.GRANTED
 
 
 def _senior_rival(snap: Snapshot, grant: Grant, ns: Namespace) -> Grant | None:
@@ -429,6 +463,9 @@ def _recorded_policy(copy: Copy) -> OnRevoke:
         return OnRevoke.RETAIN
 
 
+_NO_LABELS: Mapping[str, str] = MappingProxyType({})
+
+
 def plan(snap: Snapshot) -> Plan:
     """Decide, for every namespace touched by a grant name, what to write and why."""
     grant = snap.grant
@@ -459,7 +496,7 @@ def plan(snap: Snapshot) -> Plan:
     if grant.selector is not None:
         candidates.update(n for n, ns in snap.namespaces.items() if grant.targets(n, ns.labels))
     matched = 0
-    target, source_ns, all_namespaces = grant.target_name, grant.source.namespace, snap.namespaces
+    target, all_namespaces = grant.target_name, snap.namespaces
     for name in sorted(candidates):  # the hot loop: locals only, no work that can be hoisted
         key = ObjectKey(name, target)
         existing = lookup.get(key)
@@ -467,7 +504,8 @@ def plan(snap: Snapshot) -> Plan:
         if mine:
             handled.add(key)
         ns = all_namespaces.get(name)
-        if name == source_ns:
+        verdict = consent(grant, source, name, ns.labels if ns is not None else _NO_LABELS)
+        if verdict is Consent.SOURCE_NAMESPACE:
             if name in grant.namespaces:
                 steps.append(
                     Step(
@@ -481,7 +519,15 @@ def plan(snap: Snapshot) -> Plan:
             continue
         matched += 1
         if ns is None:
-            steps.append(Step(name, Action.NOOP, Reason.NAMESPACE_MISSING, name=key.name))
+            steps.append(
+                Step(
+                    name,
+                    Action.NOOP,
+                    Reason.NAMESPACE_MISSING,
+                    name=key.name,
+                    message="the namespace does not exist; a copy follows when it is created",
+                )
+            )
             continue
         if ns.terminating:
             steps.append(Step(name, Action.NOOP, Reason.TERMINATING, existing, key.name))
@@ -495,7 +541,7 @@ def plan(snap: Snapshot) -> Plan:
                 _withdraw(name, key.name, own, Reason.SOURCE_MISSING, grant.on_source_deleted)
             )
             continue
-        if source is None or not source.exports_to(name):
+        if verdict is not Consent.GRANTED:  # the producer's consent: the admin's is a candidate
             steps.append(
                 _withdraw(
                     name, key.name, existing if mine else None, Reason.DENIED, grant.on_revoke

@@ -105,6 +105,7 @@ def compute(
     projected = counts[Reason.PROJECTED]
     conflicted = counts[Reason.CONFLICT] + counts[Reason.GRANT_CONFLICT]
     denied = counts[Reason.DENIED]
+    missing = counts[Reason.NAMESPACE_MISSING]
     failures = _failures(outcomes)
     errors = [o for o in outcomes if o.reason is Reason.WRITE_FAILED]
     source_ok = plan.source_state is SourceState.AVAILABLE and counts[Reason.KEY_MISSING] == 0
@@ -135,8 +136,13 @@ def compute(
         ready, reason, message = False, Reason.CONFLICT.value, f"{conflicted} namespace(s) conflict"
     elif plan.matched and projected == 0 and denied:
         ready, reason, message = False, Reason.DENIED.value, "the producer exports to none"
+    elif plan.matched and projected == 0 and missing:
+        ready, reason = False, Reason.NAMESPACE_MISSING.value
+        message = f"{missing} target namespace(s) do not exist"
     else:
         ready, reason, message = True, Reason.PROJECTED.value, f"projected to {projected}"
+        if missing:
+            message = f"{message}; {missing} target namespace(s) do not exist"
     if retry is not None:
         message = f"{message}; retry {retry[0]} in {retry[1]:.3g} s"
     conditions = [
@@ -197,10 +203,45 @@ def unchanged(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
     return strip(new) == strip(old)
 
 
-def events(outcomes: Iterable[Outcome], old: Mapping[str, Any] | None) -> list[Event]:
-    """Events for what changed: writes done (aggregated) and failures not already reported."""
+STATE_REASONS = frozenset(
+    {
+        "InvalidSpec",
+        SourceState.NOT_EXPORTED.value,
+        SourceState.MISSING.value,
+        SourceState.UNKNOWN.value,
+        Reason.DENIED.value,
+    }
+)
+"""Ready=False reasons about the grant as a whole, told by one Event when Ready turns to them
+(per-namespace failures, NamespaceMissing included, have their own Events)."""
+
+
+def _ready(status: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    for c in (status or {}).get("conditions") or ():
+        if c.get("type") == "Ready":
+            return dict(c)
+    return {}
+
+
+def events(
+    outcomes: Iterable[Outcome],
+    old: Mapping[str, Any] | None,
+    new: Mapping[str, Any] | None = None,
+) -> list[Event]:
+    """Events for what changed: writes, new failures, and Ready turning False grant-wide.
+
+    Writes are aggregated; a failure already in the stored status is not told again; Ready
+    turning False for a reason about the whole grant is told once, not at every reconcile.
+    """
     done = Counter(o.step.action for o in outcomes if o.written)
     out: list[Event] = []
+    now, before = _ready(new), _ready(old)
+    if (
+        now.get("status") == "False"
+        and now.get("reason") in STATE_REASONS
+        and (before.get("status"), before.get("reason")) != ("False", now["reason"])
+    ):
+        out.append(Event("Warning", now["reason"], str(now.get("message", ""))))
     for action, verb in (
         (Action.CREATE, "Created"),
         (Action.UPDATE, "Updated"),

@@ -31,6 +31,7 @@ from projector.api import GRANTS, NAMESPACES, SECRETS, Api, Obj, Resource
 from projector.errors import ApiError, NotFound, ProjectorError
 from projector.model import (
     EXPORT_LABEL,
+    EXPORT_VALUE,
     GRANT_LABEL,
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
@@ -40,6 +41,7 @@ from projector.model import (
     Namespace,
     ObjectKey,
     Source,
+    is_exported,
     parse_copy,
     parse_grant_record,
     parse_namespace,
@@ -123,7 +125,12 @@ given, whatever the sizes; a page of 500 (the default) was 190 MiB for 150 copie
 
 GRANT_SPEC: Spec[str, GrantRecord] = Spec(Kind.GRANT, GRANTS, parse_grant_record, _name_key)
 SOURCE_SPEC: Spec[ObjectKey, Source] = Spec(
-    Kind.SOURCE, SECRETS, parse_source, _namespaced_key, f"{EXPORT_LABEL}=true", SECRET_PAGE
+    Kind.SOURCE,
+    SECRETS,
+    parse_source,
+    _namespaced_key,
+    f"{EXPORT_LABEL}={EXPORT_VALUE}",
+    SECRET_PAGE,
 )
 """Only contract Secrets: the other Secrets of the cluster are never transferred or cached."""
 NAMESPACE_SPEC: Spec[str, Namespace] = Spec(Kind.NAMESPACE, NAMESPACES, parse_namespace, _name_key)
@@ -280,8 +287,7 @@ class Store:
         except ApiError as e:
             log.warning("source read failed", source=str(key), status=e.status)
             return None, SourceState.UNKNOWN
-        labels = (obj.get("metadata") or {}).get("labels") or {}
-        if labels.get(EXPORT_LABEL) == "true":
+        if is_exported((obj.get("metadata") or {}).get("labels") or {}):
             return None, SourceState.UNKNOWN  # exported but not cached yet: the watch is behind
         return None, SourceState.NOT_EXPORTED
 

@@ -31,6 +31,7 @@ _REPO_CRD = (
     Path(__file__).resolve().parents[1]
     / "deploy/helm/projector/crds/projector.nebari.dev_projectiongrants.yaml"
 )
+_REQUIRED = re.compile(r"'(.+)' is a required property")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 KUBERNETES_CEL: Mapping[str, Callable[..., Any]] = {
@@ -96,6 +97,8 @@ def _strict(schema: Mapping[str, Any]) -> dict[str, Any]:
             out["additionalProperties"] = False
     if isinstance(schema.get("items"), Mapping):
         out["items"] = _strict(schema["items"])
+    if schema.get("x-kubernetes-list-type") == "set":
+        out["uniqueItems"] = True  # the API server refuses a duplicate in a set
     if isinstance(schema.get("additionalProperties"), Mapping):
         out["additionalProperties"] = _strict(schema["additionalProperties"])
     if (
@@ -201,6 +204,10 @@ def check_document(crd: Crd, doc: Any, node: yaml.Node, file: str) -> list[Error
             declared = e.schema.get("properties", {}) if isinstance(e.schema, Mapping) else {}
             for extra in sorted(k for k in e.instance if k not in declared):
                 add((*path, extra), "unknown field (the API server would drop it)")
+            continue
+        missing = _REQUIRED.fullmatch(e.message) if e.validator == "required" else None
+        if missing is not None:  # name the missing field itself, as the API server does
+            add((*path, missing.group(1)), "required field missing")
             continue
         add(path, _schema_message(e))
     for path, value, rule in _rules_at(schema, doc, ()):

@@ -63,6 +63,27 @@ def eventually(
         time.sleep(interval)
 
 
+def consistently(
+    condition: Callable[[], object],
+    duration: float,
+    interval: float = 0.1,
+    message: str = "condition stopped holding",
+) -> None:
+    """Poll ``condition`` for ``duration`` seconds; it must hold (be truthy) at every poll.
+
+    For what must *not* happen, such as a retry loop: a window is the only evidence, so the
+    window is the test's stated bound, not a guess at how long something takes.
+    """
+    deadline = time.monotonic() + duration
+    while True:
+        value = condition()
+        if not value:
+            raise AssertionError(f"{message} (value: {value!r})")
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval)
+
+
 def unique_name(base: str, max_len: int = 63) -> str:
     """A DNS-1123 label derived from ``base`` (e.g. a test name) plus a random suffix."""
     suffix = "".join(secrets.choice(_SUFFIX_ALPHABET) for _ in range(5))

@@ -16,7 +16,14 @@ from typing import Any
 import pytest
 
 from tests.launcher import ControllerProcess
-from tests.support import Cluster, NamespaceFactory, audit_writes, eventually
+from tests.support import (
+    Cluster,
+    NamespaceFactory,
+    audit_writes,
+    consistently,
+    eventually,
+    unique_name,
+)
 
 DATA = {"token": "ROWS-canary-1"}
 
@@ -164,3 +171,68 @@ def test_a_burst_of_source_changes_is_one_write_per_copy(
     else:  # a slow machine spread it out: one write per debounce window (1 s), plus the last
         limit = 1 + math.ceil(seconds)
         assert all(1 <= n <= limit for n in writes.values()), (writes, seconds)
+
+
+def test_unsatisfiable_grants_are_told_once_and_not_retried_in_a_loop(
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    start_controller: Any,
+) -> None:
+    """Valid grants the world cannot satisfy yet: a listed namespace that does not exist, a
+    source that does not exist, a source that has not opted in. Each gets Ready=False with the
+    reason and one Warning Event; nothing is written; the controller does not keep reconciling
+    them; and each is satisfied as soon as the world catches up."""
+    controller = start_controller()
+    src, b, c = make_namespace(), make_namespace(), make_namespace()
+    missing = unique_name("rows-missing")
+    k8s.source(src, "hub", DATA, export_to="*")
+    k8s.source(src, "plain", {"token": "ROWS-canary-plain"}, exported=False, export_to="*")
+    reasons = {
+        k8s.grant((src, "hub"), namespaces=[missing]): "NamespaceMissing",
+        k8s.grant((src, "ghost"), namespaces=[b]): "SourceMissing",
+        k8s.grant((src, "plain"), namespaces=[c]): "NotExported",
+    }
+
+    def ready_reasons() -> dict[str, str]:
+        return {g: (k8s.condition(g, "Ready") or {}).get("reason", "") for g in reasons}
+
+    def warnings() -> dict[str, list[str]]:
+        return {g: [str(e.reason) for e in k8s.events(g) if e.type == "Warning"] for g in reasons}
+
+    eventually(lambda: ready_reasons() == reasons, timeout=60)
+    assert all((k8s.condition(g, "Ready") or {}).get("status") == "False" for g in reasons)
+    assert {f["namespace"]: f["reason"] for f in k8s.status(next(iter(reasons)))["failures"]} == {
+        missing: "NamespaceMissing"
+    }
+    eventually(lambda: all(reasons[g] in w for g, w in warnings().items()), timeout=60)
+    eventually(controller.settled, timeout=60)
+
+    reconciles = controller.reconciles()
+    statuses = controller.metric("projector_status_writes_total")
+    bound = 2  # a hot loop at a 20 ms debounce would do about 150 in the window
+    consistently(
+        lambda: (
+            controller.reconciles() <= reconciles + bound
+            and controller.metric("projector_status_writes_total") <= statuses + bound
+        ),
+        duration=3,
+        message="an unsatisfiable grant is reconciled again and again",
+    )
+    assert controller.metric("projector_writes_total") == 0  # not one copy written
+    # a restart reconciles each grant again in the same state: still told once, not per reconcile
+    assert controller.stop() == 0
+    again = start_controller()
+    eventually(lambda: again.reconciles() >= len(reasons) and again.settled(), timeout=60)
+    told = warnings()
+    assert all(told[g].count(r) == 1 for g, r in reasons.items()), told  # told once, not per retry
+    assert k8s.copy(b, "ghost") is None and k8s.copy(c, "plain") is None
+
+    make_namespace(missing)
+    k8s.source(src, "ghost", {"token": "ROWS-canary-ghost"}, export_to="*")
+    k8s.patch_secret(
+        src, "plain", {"metadata": {"labels": {"projector.nebari.dev/export": "true"}}}
+    )
+    eventually(lambda: k8s.copy_data(missing, "hub") == DATA, timeout=60)
+    eventually(lambda: k8s.copy_data(b, "ghost") == {"token": "ROWS-canary-ghost"}, timeout=60)
+    eventually(lambda: k8s.copy_data(c, "plain") == {"token": "ROWS-canary-plain"}, timeout=60)
+    eventually(lambda: set(ready_reasons().values()) == {"Projected"}, timeout=60)

@@ -3,12 +3,19 @@
 Every bad fixture is refused by validate (with file:line, the field and the CRD's message) and
 by the API server (a strict dry-run create); every grant in grants/ passes both. validate reads
 the CRD itself, so a rule added to the CRD is enforced offline too.
+
+The corpus `tests/data/bad_grants/` (one malformed grant per file, its header naming the field
+the refusal must name) is applied for real to the API server, checked offline by validate, and
+parsed by the controller's own `parse_grant`: all three refuse each one.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +23,13 @@ import pytest
 import yaml
 from kubernetes import client
 
+from projector.errors import InvalidGrant
+from projector.model import parse_grant
 from tests.launcher import REPO
 from tests.support import unique_name
 
 FIXTURES = REPO / "tests" / "fixtures" / "grants"
+CORPUS = REPO / "tests" / "data" / "bad_grants"
 GROUP, VERSION, PLURAL = "projector.nebari.dev", "v1alpha1", "projectiongrants"
 
 # fixture -> (line, field, part of the message); each message is the CRD's own
@@ -31,7 +41,7 @@ BAD = {
     "bad-policy.yaml": (10, "spec.policy.onRevoke", "'Shred' is not one of Delete, Retain"),
     "unknown-field.yaml": (9, "spec.target.namespace", "unknown field"),
     "bad-names.yaml": (6, "spec.source.namespace", "'JupyterHub' does not match"),
-    "missing-source.yaml": (5, "spec", "'source' is a required property"),
+    "missing-source.yaml": (5, "spec.source", "required field missing"),
 }
 
 
@@ -145,3 +155,101 @@ def test_the_api_server_accepts_the_shipped_grants(custom_objects: client.Custom
         for doc in yaml.safe_load_all(path.read_text()):
             if doc and doc.get("kind") == "ProjectionGrant":
                 assert _server_accepts(custom_objects, doc) is None, path
+
+
+# --- the corpus of malformed grants ---------------------------------------------------------------
+
+_HEADER = re.compile(r"# (field|message|controller-accepts): (.+)")
+
+
+@dataclass(frozen=True)
+class BadGrant:
+    """One corpus file and what its refusal must say, from its `# field:` header."""
+
+    path: Path
+    field: str
+    message: str = ""
+    """Part of the message, where both refusals quote the CRD's own rule message."""
+    controller_accepts: str = ""
+    """Why the controller's parse_grant may accept it (harmless to it), if it does."""
+
+    @classmethod
+    def load(cls, path: Path) -> BadGrant:
+        header: dict[str, str] = {}
+        for line in path.read_text().splitlines():
+            if (m := _HEADER.fullmatch(line)) is not None:
+                header[m.group(1)] = m.group(2)
+        return cls(
+            path,
+            header["field"],
+            header.get("message", ""),
+            header.get("controller-accepts", ""),
+        )
+
+    def __str__(self) -> str:
+        return self.path.stem
+
+
+BAD_GRANTS = [BadGrant.load(p) for p in sorted(CORPUS.glob("*.yaml"))]
+
+
+def test_the_corpus_is_broad() -> None:
+    assert len(BAD_GRANTS) >= 25
+    assert len({g.field for g in BAD_GRANTS}) >= 15, "the corpus should cover many fields"
+
+
+@pytest.mark.parametrize("bad", BAD_GRANTS, ids=str)
+def test_the_api_server_refuses_each_malformed_grant_naming_the_field(
+    custom_objects: client.CustomObjectsApi, bad: BadGrant
+) -> None:
+    """Applied for real (not a dry run), as `kubectl apply` would: strict field validation."""
+    doc = yaml.safe_load(bad.path.read_text())
+    doc["metadata"]["name"] = unique_name(f"bad-{bad}")
+    try:
+        custom_objects.create_cluster_custom_object(
+            GROUP, VERSION, PLURAL, doc, field_validation="Strict"
+        )
+    except client.ApiException as e:
+        assert e.status == 422, e.body
+        message = json.loads(e.body or "{}")["message"]
+    else:
+        custom_objects.delete_cluster_custom_object(GROUP, VERSION, PLURAL, doc["metadata"]["name"])
+        pytest.fail(f"the API server accepted {bad.path.name}")
+    assert f"{bad.field}" in message, message
+    assert bad.message in message, message
+
+
+@pytest.fixture(scope="module")
+def corpus_run() -> subprocess.CompletedProcess[str]:
+    return validate(CORPUS.relative_to(REPO))
+
+
+def test_validate_refuses_the_whole_corpus(corpus_run: subprocess.CompletedProcess[str]) -> None:
+    assert corpus_run.returncode == 1, corpus_run.stdout + corpus_run.stderr
+    assert f"{len(BAD_GRANTS)} ProjectionGrant(s) in {len(BAD_GRANTS)} file(s)" in (
+        corpus_run.stderr
+    )
+
+
+@pytest.mark.parametrize("bad", BAD_GRANTS, ids=str)
+def test_validate_refuses_each_malformed_grant_naming_the_field(
+    corpus_run: subprocess.CompletedProcess[str], bad: BadGrant
+) -> None:
+    prefix = f"tests/data/bad_grants/{bad.path.name}:"
+    errors = [x for x in corpus_run.stdout.splitlines() if x.startswith(prefix)]
+    assert errors, f"validate accepted {bad.path.name}:\n{corpus_run.stdout}"
+    fields = [x.split(": ", 2)[1] for x in errors]
+    named = [x for x, f in zip(errors, fields, strict=True) if f.startswith(bad.field)]
+    assert named, f"no error names {bad.field}: {errors}"
+    assert any(bad.message in x for x in named), named
+
+
+@pytest.mark.parametrize("bad", BAD_GRANTS, ids=str)
+def test_the_controller_refuses_each_malformed_spec_too(bad: BadGrant) -> None:
+    """parse_grant re-checks what it relies on, for grants stored before a CRD rule existed."""
+    doc = yaml.safe_load(bad.path.read_text())
+    if bad.controller_accepts:
+        parse_grant(doc)  # harmless to the controller, and said why in the file
+        return
+    with pytest.raises((InvalidGrant, KeyError)):
+        parse_grant(doc)

@@ -106,7 +106,7 @@ async def test_invalid_grant_gets_a_status_and_no_write() -> None:
     world(api, grant=grant_obj("g"))  # no target at all
     ctl = await controller(api)
     assert await ctl.reconcile("g") is Result.OK
-    assert verbs(api) == ["PATCH_STATUS projectiongrants"]
+    assert verbs(api) == ["PATCH_STATUS projectiongrants", "CREATE events"]  # told once
     assert condition(api) == ("False", "InvalidSpec")
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from projector.errors import InvalidGrant
 from projector.model import (
+    EXPORT_TO_ANNOTATION,
     FIELD_MANAGER,
     GRANT_UID_ANNOTATION,
     HASH_ANNOTATION,
@@ -124,7 +125,6 @@ def test_parse_grant_full_spec() -> None:
         pytest.param(
             {"namespaceSelector": {"matchLabels": {"x": "y"}}}, set(), True, id="selector"
         ),
-        pytest.param({"namespaceSelector": {}}, set(), True, id="empty-selector-is-a-selector"),
         pytest.param(
             {"namespaces": ["a"], "namespaceSelector": {"matchLabels": {"x": "y"}}},
             {"a"},
@@ -314,6 +314,85 @@ TARGET = {"namespaces": ["dask-gateway"]}
             "operator",
             id="selector-operator-missing",
         ),
+        pytest.param(
+            {"target": {"namespaceSelector": {}}}, "at least one matchLabels", id="empty-selector"
+        ),
+        pytest.param(
+            {
+                "target": {
+                    **TARGET,
+                    "namespaceSelector": {"matchLabels": {}, "matchExpressions": []},
+                }
+            },
+            "at least one matchLabels",
+            id="empty-selector-lists-beside-namespaces",
+        ),
+        pytest.param(
+            {"target": {"namespaceSelector": {"matchLabels": {"team": "a b"}}}},
+            "matchLabels entry 'team'",
+            id="selector-label-value-space",
+        ),
+        pytest.param(
+            {"target": {"namespaceSelector": {"matchLabels": {"my team": "a"}}}},
+            "matchLabels entry 'my team'",
+            id="selector-label-key-space",
+        ),
+        pytest.param(
+            {
+                "target": {
+                    "namespaceSelector": {"matchExpressions": [{"key": "x", "operator": "In"}]}
+                }
+            },
+            "non-empty for In",
+            id="selector-in-without-values",
+        ),
+        pytest.param(
+            {
+                "target": {
+                    "namespaceSelector": {
+                        "matchExpressions": [{"key": "x", "operator": "Exists", "values": ["y"]}]
+                    }
+                }
+            },
+            "empty for Exists",
+            id="selector-exists-with-values",
+        ),
+        pytest.param(
+            {
+                "target": {
+                    "namespaceSelector": {
+                        "matchExpressions": [{"key": "a/b/c", "operator": "Exists"}]
+                    }
+                }
+            },
+            "expression on 'a/b/c'",
+            id="selector-key-two-slashes",
+        ),
+        pytest.param(
+            {"target": {**TARGET, "labels": {"team": "a b"}}},
+            "target label 'team' has an invalid value",
+            id="label-value-space",
+        ),
+        pytest.param(
+            {"target": {**TARGET, "labels": {"team": "x" * 64}}},
+            "invalid value",
+            id="label-value-64-chars",
+        ),
+        pytest.param(
+            {"target": {**TARGET, "labels": {"Example.com/team": "a"}}},
+            "not a qualified name",
+            id="label-key-upper-prefix",
+        ),
+        pytest.param(
+            {"target": {**TARGET, "annotations": {"a note": "free text is fine"}}},
+            "not a qualified name",
+            id="annotation-key-space",
+        ),
+        pytest.param(
+            {"target": {**TARGET, "annotations": {f"{'p' * 254}/x": "v"}}},
+            "not a qualified name",
+            id="annotation-key-prefix-254",
+        ),
         pytest.param({"keys": [{"to": "x"}]}, "`from`", id="key-without-from"),
         pytest.param({"keys": [{"from": "", "to": "x"}]}, "`from`", id="key-empty-from"),
         pytest.param({"keys": ["token"]}, "`from`", id="key-not-a-mapping"),
@@ -378,6 +457,24 @@ def test_parse_grant_rejects(spec: dict[str, Any], why: str) -> None:
         pytest.param({"target": {**TARGET, "name": "hub.contract-1"}}, id="name-with-dot"),
         pytest.param({"target": {**TARGET, "labels": {"example.com/projector": "x"}}}, id="label"),
         pytest.param({"target": {**TARGET, "labels": {"nebari.dev/pack": "x"}}}, id="parent-dom"),
+        pytest.param({"target": {**TARGET, "labels": {"a": "", "b": "x" * 63}}}, id="label-values"),
+        pytest.param(
+            {"target": {**TARGET, "annotations": {"note": "a b, anything: goes"}}}, id="note-value"
+        ),
+        pytest.param(
+            {"target": {**TARGET, "annotations": {f"{'p' * 253}/{'n' * 63}": "v"}}},
+            id="annotation-key-longest",
+        ),
+        pytest.param(
+            {
+                "target": {
+                    "namespaceSelector": {
+                        "matchExpressions": [{"key": "x", "operator": "Exists", "values": []}]
+                    }
+                }
+            },
+            id="exists-with-an-empty-values-list",
+        ),
         pytest.param({"keys": None}, id="keys-null-means-every-key"),
         pytest.param({"keys": [{"from": ".a"}, {"from": "a..b", "to": "b."}]}, id="dotted-keys"),
         pytest.param({"target": {**TARGET, "name": "a.b.c"}}, id="name-three-labels"),
@@ -871,3 +968,19 @@ def test_export_to_entries_that_match_no_namespace_are_named(
     value: str, ignored: tuple[str, ...]
 ) -> None:
     assert invalid_export_to(parse_export_to(value)) == ignored
+
+
+def test_an_ignored_export_to_entry_is_never_matched() -> None:
+    """fnmatch would read `[!a]*` as "not starting with a": an entry reported as matching
+    nothing must really match nothing."""
+    obj = {
+        "metadata": {
+            "namespace": "src",
+            "name": "hub",
+            "annotations": {EXPORT_TO_ANNOTATION: "[!a]*, -b*,dask"},
+        }
+    }
+    source = parse_source(obj)
+    assert source.ignored_export_to == ("[!a]*", "-b*")
+    assert source.export_to == ("dask",)
+    assert [n for n in ("b", "team-x", "dask", "a") if source.exports_to(n)] == ["dask"]

@@ -126,8 +126,26 @@ SOURCE_OK = ("True", "Available")
             AVAILABLE,
             [outcome("a", R.NAMESPACE_MISSING), outcome("b", R.TERMINATING)],
             2,
-            {"Ready": OK_TRUE, "SourceAvailable": SOURCE_OK, "Conflicted": NO_CONFLICT},
+            {
+                "Ready": ("False", "NamespaceMissing"),
+                "SourceAvailable": SOURCE_OK,
+                "Conflicted": NO_CONFLICT,
+            },
             id="namespaces-missing-or-terminating",
+        ),
+        pytest.param(
+            AVAILABLE,
+            [outcome("a", R.TERMINATING)],
+            1,
+            {"Ready": OK_TRUE, "SourceAvailable": SOURCE_OK, "Conflicted": NO_CONFLICT},
+            id="terminating-only",
+        ),
+        pytest.param(
+            AVAILABLE,
+            [outcome("a", R.PROJECTED), outcome("b", R.NAMESPACE_MISSING)],
+            2,
+            {"Ready": OK_TRUE, "SourceAvailable": SOURCE_OK, "Conflicted": NO_CONFLICT},
+            id="some-projected-some-missing",
         ),
         pytest.param(
             AVAILABLE,
@@ -554,3 +572,22 @@ def test_ignored_export_to_entries_are_reported() -> None:
     new = compute(p, executed(p))
     available = next(c for c in new["conditions"] if c["type"] == "SourceAvailable")
     assert available["message"].endswith("export-to entries that match no namespace: !b, -c")
+
+
+@pytest.mark.parametrize(
+    ("state", "outs", "reason"),
+    [
+        pytest.param(SourceState.MISSING, [outcome("a", R.SOURCE_MISSING)], "SourceMissing"),
+        pytest.param(SourceState.NOT_EXPORTED, [outcome("a", R.DENIED)], "NotExported"),
+        pytest.param(AVAILABLE, [outcome("a", R.NAMESPACE_MISSING)], "NamespaceMissing"),
+        pytest.param(AVAILABLE, [outcome("a", R.DENIED)], "Denied"),
+    ],
+)
+def test_an_unsatisfiable_grant_is_told_by_one_event(
+    state: SourceState, outs: list[Outcome], reason: str
+) -> None:
+    """Ready turning False for a grant-wide reason is one Warning; the next reconcile, none."""
+    new = compute(a_plan(state, matched=1), outs)
+    first = events(outs, None, new)
+    assert [(e.type, e.reason) for e in first if e.reason == reason] == [("Warning", reason)]
+    assert [e for e in events(outs, new, new) if e.reason == reason] == []
