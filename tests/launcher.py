@@ -88,14 +88,19 @@ class ControllerProcess:
         )
         return all(m.get((g, ()), 1) == 0 for g in gauges)
 
-    def reconciled(self, grant: str) -> int:
-        """How many reconciles of `grant` have ended (the debug log line each one writes)."""
+    def reconciled(self, grant: str, result: str | None = None) -> int:
+        """How many reconciles of `grant` (with `result`, e.g. "requeue") have ended, from the
+        debug log line each one writes."""
         n = 0
         for line in self.logs().splitlines():
             if '"reconcile ended"' not in line:
                 continue
             entry = json.loads(line)
-            n += entry.get("event") == "reconcile ended" and entry.get("grant") == grant
+            n += (
+                entry.get("event") == "reconcile ended"
+                and entry.get("grant") == grant
+                and result in (None, entry.get("result"))
+            )
         return n
 
     def writes(self) -> float:

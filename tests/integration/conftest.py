@@ -50,11 +50,16 @@ def start_controller(
     procs: list[ControllerProcess] = []
 
     def start(
-        *extra: str, wait_ready: bool = True, leader_elect: bool = False
+        *extra: str,
+        wait_ready: bool = True,
+        leader_elect: bool = False,
+        kubeconfig: Path | None = None,
     ) -> ControllerProcess:
+        """`kubeconfig`: another identity than the session's shipped-RBAC ServiceAccount (e.g.
+        one whose RBAC or API priority a test changes), never admin."""
         log = tmp_path / f"controller-{len(procs)}.log"
         cp = launch(
-            projector_kubeconfig,
+            kubeconfig or projector_kubeconfig,
             log,
             "--debounce=0.02",
             "--debounce-max=0.2",
