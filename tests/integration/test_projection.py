@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 from tests.launcher import ControllerProcess
-from tests.support import Cluster, NamespaceFactory, eventually
+from tests.support import Cluster, NamespaceFactory, audit_writes, eventually
 
 DATA = {"token": "CANARY-token-1", "other": "CANARY-other-1"}
 
@@ -390,6 +392,7 @@ def test_terminating_namespace_is_skipped_quietly(
     make_namespace: NamespaceFactory,
     controller: ControllerProcess,
     core_v1: client.CoreV1Api,
+    audit_log: Path,
 ) -> None:
     src, a, b = make_namespace(), make_namespace(), make_namespace()
     # A finalizer on an object keeps the namespace Terminating for the length of the test.
@@ -403,11 +406,20 @@ def test_terminating_namespace_is_skipped_quietly(
     try:
         core_v1.delete_namespace(a)
         eventually(lambda: core_v1.read_namespace(a).status.phase == "Terminating")
+        started = datetime.now(UTC)
         g = k8s.grant((src, "hub"), namespaces=[a, b])
         eventually(lambda: k8s.copy_data(b, "hub") == DATA)
-        eventually(lambda: ready(k8s, g))
+        eventually(lambda: ready(k8s, g) and controller.idle())
         assert k8s.copy(a, "hub") is None
         assert controller.metric("projector_writes_total", result="error") == 0
+        # Skipped: counted as such, and not even tried (a refused create would be a write).
+        assert controller.metric("projector_projections", state="NamespaceTerminating") == 1
+        tried = [
+            w
+            for w in audit_writes(audit_log, started)
+            if w.namespace == a and w.agent.startswith("projector/")
+        ]
+        assert tried == []
     finally:
         core_v1.patch_namespaced_config_map("hold", a, {"metadata": {"finalizers": None}})
 

@@ -1,10 +1,12 @@
 """The writer under real throttling: API Priority and Fairness answers 429 to projector's writes.
 
-A FlowSchema sends this test's ServiceAccount's Secret writes into half of the target
-namespaces to a priority level of zero seats that rejects (Limited, nominalConcurrencyShares
-0, nothing lent or borrowed, limitResponse Reject), so the real API server answers every one
-of them 429 with its Retry-After, while the other half, the reads and the status writes pass.
-What is counted as written is compared with what the API server's audit log says it accepted.
+A FlowSchema sends this test's ServiceAccount's Secret writes into the target namespaces to a
+priority level of zero seats that rejects (Limited, nominalConcurrencyShares 0, nothing lent
+or borrowed, limitResponse Reject). Such a level still runs one request at a time, so of the
+writer's concurrent creates the real API server accepts one and answers the others 429 with
+its Retry-After; reads and status writes are not matched. What is counted as written is
+compared with what the API server's audit log says it accepted, and every 429 with the retries
+that followed it.
 """
 
 from __future__ import annotations
