@@ -414,6 +414,7 @@ def test_terminating_namespace_is_skipped_quietly(
         assert controller.metric("projector_writes_total", result="error") == 0
         # Skipped: counted as such, and not even tried (a refused create would be a write).
         assert controller.metric("projector_projections", state="NamespaceTerminating") == 1
+        assert controller.metric("projector_writes_total", result="ok") == 1  # b's create only
         tried = [
             w
             for w in audit_writes(audit_log, started)
