@@ -228,11 +228,15 @@ async def wait_ready(c: ControllerProcess, within: float = 120.0) -> float:
     raise TimeoutError("controller never became ready")
 
 
+def _settled(c: ControllerProcess) -> bool:
+    return c.metric("projector_reconcile_total") >= 1 and c.idle()
+
+
 async def settle(c: ControllerProcess, within: float = 600.0) -> None:
-    """Wait until workers ran and nothing is ready or processing."""
+    """Wait until workers ran and nothing is ready, processing, debouncing or backing off."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if await asyncio.to_thread(c.settled):
+        if await asyncio.to_thread(_settled, c):
             return
         await asyncio.sleep(0.05)
     raise TimeoutError("controller never settled")

@@ -119,6 +119,7 @@ class Controller:
             else:
                 self.queue.forget(name)
             self.metrics.reconciled(result, name)
+            log.debug("reconcile ended", grant=name, result=result.value)
             self.queue.done(name)
             await asyncio.sleep(0)  # a reconcile without I/O must not starve the informers
 

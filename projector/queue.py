@@ -327,6 +327,15 @@ class WorkQueue(Generic[K]):
         """Return the number of keys waiting for a deadline (debounce, delay or backoff)."""
         return len(self._pending)
 
+    def debouncing(self) -> int:
+        """Return the number of waiting keys inside a debounce window (a change not yet run).
+
+        Unlike :meth:`waiting`, it leaves out keys only delayed by ``add_after`` (a periodic
+        recheck), so "nothing debouncing, nothing failing, nothing ready or processing" says
+        every change seen so far has been acted on.
+        """
+        return sum(1 for p in self._pending.values() if p.first is not None)
+
     @property
     def processing(self) -> frozenset[K]:
         """The keys handed out by ``get()`` and not yet ``done()``."""

@@ -71,6 +71,8 @@ class WriteResult(StrEnum):
     OK = "ok"
     ERROR = "error"
     CONFLICT = "conflict"
+    SKIPPED = "skipped"
+    """Not written and nothing to retry: the server said the namespace is gone or terminating."""
 
 
 class Reason(StrEnum):

@@ -96,6 +96,11 @@ class Metrics:
         self.queue_waiting = Gauge(
             "projector_queue_waiting", "Keys debouncing or backing off.", registry=r
         )
+        self.queue_debouncing = Gauge(
+            "projector_queue_debouncing",
+            "Keys in a debounce window: changes seen and not yet acted on.",
+            registry=r,
+        )
         self.queue_processing = Gauge(
             "projector_queue_processing", "Keys being reconciled now.", registry=r
         )
@@ -317,6 +322,7 @@ class Metrics:
         """Read the queue's gauges at scrape time, so they are never stale."""
         self.queue_depth.set_function(lambda: len(queue))
         self.queue_waiting.set_function(queue.waiting)
+        self.queue_debouncing.set_function(queue.debouncing)
         self.queue_processing.set_function(lambda: len(queue.processing))
         self.queue_backoff.set_function(queue.failing)
 

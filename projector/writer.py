@@ -201,7 +201,8 @@ class Writer:
                 outcome = Outcome(
                     step, Reason.WRITE_FAILED, f"{step.action.value}: {e.status} {e.reason}{said}"
                 )
-            self._metrics.write(step.action, _RESULTS.get(outcome.reason, WriteResult.OK))
+            result = WriteResult.OK if outcome.written else WriteResult.SKIPPED
+            self._metrics.write(step.action, _RESULTS.get(outcome.reason, result))
             return outcome
 
     async def _retrying(self, plan: Plan, step: Step, bodies: _Bodies | None) -> Outcome:

@@ -27,6 +27,7 @@ from tests.support import (
     docker_unavailable_reason,
     eventually,
     request_token,
+    status_of,
     unique_name,
     write_token_kubeconfig,
 )
@@ -204,7 +205,8 @@ def _delete_ignoring_404(delete: Callable[[], object]) -> None:
 def make_namespace(
     core_v1: client.CoreV1Api, request: pytest.FixtureRequest
 ) -> Iterator[NamespaceFactory]:
-    """Create namespaces named after the test; delete them afterwards (without waiting)."""
+    """Create namespaces named after the test; delete them afterwards and wait until they are
+    gone, so no copy, Secret or namespace event of this test reaches the next one."""
     created: list[str] = []
 
     def make(name: str | None = None, labels: Mapping[str, str] | None = None) -> str:
@@ -217,6 +219,14 @@ def make_namespace(
     yield make
     for name in created:
         _delete_ignoring_404(functools.partial(core_v1.delete_namespace, name))
+
+    def gone() -> bool:
+        read = core_v1.read_namespace
+        left = [n for n in created if status_of(functools.partial(read, n)) != 404]
+        assert not left, left
+        return True
+
+    eventually(gone, timeout=180, interval=0.2, message="test namespaces never went away")
 
 
 @pytest.fixture

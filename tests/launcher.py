@@ -6,6 +6,7 @@ Each starts the real controller as a process on a free loopback port, reads its 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -71,17 +72,36 @@ class ControllerProcess:
             if n == name and all((k, val) in ls for k, val in labels.items())
         )
 
-    def reconciles(self) -> float:
-        return self.metric("projector_reconcile_total")
+    def idle(self) -> bool:
+        """Every change this controller has seen is acted on: no key ready, processing,
+        debouncing or backing off (a conflict's periodic recheck may still be scheduled).
 
-    def settled(self) -> bool:
-        """Workers ran, and nothing is ready or processing (delayed rechecks may wait)."""
+        Idle alone proves nothing about a given action; pair it with a sign that the action
+        was seen or done (`reconciled`, a grant's observedGeneration, a metric that moved).
+        """
         m = self.metrics()
-        return (
-            sum(v for (n, _), v in m.items() if n == "projector_reconcile_total") >= 1
-            and m.get(("projector_queue_depth", ()), 1) == 0
-            and m.get(("projector_queue_processing", ()), 1) == 0
+        gauges = (
+            "projector_queue_depth",
+            "projector_queue_processing",
+            "projector_queue_debouncing",
+            "projector_queue_backoff_keys",
         )
+        return all(m.get((g, ()), 1) == 0 for g in gauges)
+
+    def reconciled(self, grant: str, result: str | None = None) -> int:
+        """How many reconciles of `grant` (with `result`, e.g. "requeue") have ended, from the
+        debug log line each one writes."""
+        n = 0
+        for line in self.logs().splitlines():
+            if '"reconcile ended"' not in line:
+                continue
+            entry = json.loads(line)
+            n += (
+                entry.get("event") == "reconcile ended"
+                and entry.get("grant") == grant
+                and result in (None, entry.get("result"))
+            )
+        return n
 
     def writes(self) -> float:
         """Every write the controller made: copies and grant statuses."""

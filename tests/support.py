@@ -328,6 +328,18 @@ class Cluster:
     def status(self, name: str) -> dict[str, Any]:
         return self.get_grant(name).get("status") or {}
 
+    def observed(self, name: str) -> dict[str, Any]:
+        """The grant's status once the controller acted on its current spec; raises before.
+
+        Its observedGeneration reaching metadata.generation is the reconcile of THIS grant at
+        THIS generation, which no reconcile of an earlier test or spec can fake.
+        """
+        obj = self.get_grant(name)
+        got = (obj.get("status") or {}).get("observedGeneration")
+        want = obj["metadata"]["generation"]
+        assert got == want, f"{name}: observedGeneration {got}, generation {want}"
+        return cast(dict[str, Any], obj["status"])
+
     def condition(self, grant: str, type_: str) -> dict[str, Any] | None:
         for c in self.status(grant).get("conditions") or ():
             if c["type"] == type_:

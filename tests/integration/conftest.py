@@ -19,7 +19,7 @@ from kubernetes import client
 from tests import support
 from tests.controlplane.plane import ControlPlane
 from tests.launcher import ControllerProcess, launch
-from tests.support import Canaries, Cluster, eventually
+from tests.support import Canaries, Cluster, NamespaceFactory, eventually
 
 
 @pytest.fixture(scope="session")
@@ -50,11 +50,16 @@ def start_controller(
     procs: list[ControllerProcess] = []
 
     def start(
-        *extra: str, wait_ready: bool = True, leader_elect: bool = False
+        *extra: str,
+        wait_ready: bool = True,
+        leader_elect: bool = False,
+        kubeconfig: Path | None = None,
     ) -> ControllerProcess:
+        """`kubeconfig`: another identity than the session's shipped-RBAC ServiceAccount (e.g.
+        one whose RBAC or API priority a test changes), never admin."""
         log = tmp_path / f"controller-{len(procs)}.log"
         cp = launch(
-            projector_kubeconfig,
+            kubeconfig or projector_kubeconfig,
             log,
             "--debounce=0.02",
             "--debounce-max=0.2",
@@ -93,11 +98,14 @@ def k8s(
     canaries: Canaries,
     request: pytest.FixtureRequest,
     start_controller: Any,
+    make_namespace: NamespaceFactory,
 ) -> Iterator[Cluster]:
     """The test's view of the cluster; its grants are scanned for canaries and deleted after.
 
     It depends on `start_controller` so that grants are deleted while the test's controllers
-    still run (fixtures tear down in reverse order), leaving fewer orphans to later tests.
+    still run (fixtures tear down in reverse order), leaving fewer orphans to later tests; and
+    on `make_namespace` so that the scan reads the statuses the test ended with, before its
+    namespaces go away and the controller rewrites them.
     """
     c = Cluster(core_v1, custom_objects, canaries, request.node.name)
     yield c

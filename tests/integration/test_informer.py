@@ -13,6 +13,7 @@ import base64
 import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +25,6 @@ from projector.informer import Informer
 from projector.kube import Kube
 from projector.model import ObjectKey
 from projector.store import Cache, Kind, Spec
-from tests.controlplane.plane import ControlPlane
 
 
 async def until(cond: Callable[[], object], within: float = 20.0) -> None:
@@ -43,8 +43,10 @@ def _data(o: Obj) -> dict[str, str]:
 
 
 @pytest.fixture
-async def kube(control_plane: ControlPlane) -> AsyncIterator[Kube]:
-    k = await Kube.connect(str(control_plane.kubeconfig))
+async def kube(projector_kubeconfig: Path) -> AsyncIterator[Kube]:
+    """Our client as the shipped RBAC's ServiceAccount, never admin: what the informers may
+    list and watch here is what they may list and watch in a cluster."""
+    k = await Kube.connect(str(projector_kubeconfig))
     yield k
     await k.close()
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 from tests.launcher import ControllerProcess
-from tests.support import Cluster, NamespaceFactory, eventually
+from tests.support import Cluster, NamespaceFactory, audit_writes, eventually
 
 DATA = {"token": "CANARY-token-1", "other": "CANARY-other-1"}
 
@@ -162,14 +164,20 @@ def test_grant_deleted_follows_on_revoke(
     k8s.source(src, "hub", DATA, export_to="*")
     g = k8s.grant((src, "hub"), namespaces=[a], on_revoke=policy)
     eventually(lambda: k8s.copy_data(a, "hub") == DATA)
-    eventually(lambda: ready(k8s, g) and controller.settled())
-    before = controller.reconciles()
+    eventually(lambda: ready(k8s, g) and controller.idle())
+    kept = k8s.copy(a, "hub")
+    before = controller.reconciled(g)
     k8s.delete_grant(g)
     if policy == "Delete":
         eventually(lambda: k8s.copy(a, "hub") is None)
-    else:
-        eventually(lambda: controller.reconciles() > before and controller.settled())
-        assert k8s.copy_data(a, "hub") == DATA
+    else:  # the deletion of THIS grant was reconciled, and left its copy as it was
+        eventually(lambda: controller.reconciled(g) > before and controller.idle())
+        now = k8s.copy(a, "hub")
+        assert now is not None and kept is not None
+        assert (now.metadata.uid, now.metadata.resource_version) == (
+            kept.metadata.uid,
+            kept.metadata.resource_version,
+        )
 
 
 @pytest.mark.parametrize("policy", ["Retain", "Delete"])
@@ -250,12 +258,20 @@ def test_drift_is_corrected(
     eventually(lambda: k8s.copy(a, "hub").metadata.annotations[source_note] == f"{src}/hub")
     # Metadata that other tools add is theirs: tolerated, not fought over (no write at all;
     # the copy still holds what its grant wants, so the event does not even wake the grant).
-    eventually(controller.settled)
+    eventually(controller.idle)
     before = controller.writes()
+    seen = controller.metric("projector_informer_events_total", kind="copies", type="MODIFIED")
     k8s.patch_secret(a, "hub", {"metadata": {"labels": {"team": "blue"}}})
-    eventually(lambda: k8s.copy(a, "hub").metadata.labels.get("team") == "blue")
-    eventually(controller.settled)
+    labelled = k8s.copy(a, "hub").metadata.resource_version
+    eventually(  # the controller saw their change, and acted on all it saw
+        lambda: (
+            controller.metric("projector_informer_events_total", kind="copies", type="MODIFIED")
+            > seen
+            and controller.idle()
+        )
+    )
     assert controller.writes() == before
+    assert k8s.copy(a, "hub").metadata.resource_version == labelled
     k8s.patch_secret(src, "hub", {"data": {"other": "CANARY-other-2"}})  # a real update ...
     eventually(lambda: (k8s.copy_data(a, "hub") or {}).get("other") == "CANARY-other-2")
     assert k8s.copy(a, "hub").metadata.labels["team"] == "blue"  # ... keeps their label
@@ -277,9 +293,12 @@ def test_unowned_target_is_left_alone(
     assert k8s.copy_data(a, "hub") == theirs
     assert (k8s.condition(g, "Conflicted") or {}).get("status") == "True"
     assert eventually(lambda: [e for e in k8s.events(g) if e.reason == "Conflict"])
-    before = controller.reconciles()
+    eventually(controller.idle)
+    untouched = k8s.copy(a, "hub").metadata.resource_version
+    before = controller.reconciled(g)
     k8s.delete_grant(g)
-    eventually(lambda: controller.reconciles() > before and controller.settled())
+    eventually(lambda: controller.reconciled(g) > before and controller.idle())
+    assert k8s.copy(a, "hub").metadata.resource_version == untouched
     assert k8s.copy_data(a, "hub") == theirs
 
 
@@ -373,6 +392,7 @@ def test_terminating_namespace_is_skipped_quietly(
     make_namespace: NamespaceFactory,
     controller: ControllerProcess,
     core_v1: client.CoreV1Api,
+    audit_log: Path,
 ) -> None:
     src, a, b = make_namespace(), make_namespace(), make_namespace()
     # A finalizer on an object keeps the namespace Terminating for the length of the test.
@@ -386,11 +406,21 @@ def test_terminating_namespace_is_skipped_quietly(
     try:
         core_v1.delete_namespace(a)
         eventually(lambda: core_v1.read_namespace(a).status.phase == "Terminating")
+        started = datetime.now(UTC)
         g = k8s.grant((src, "hub"), namespaces=[a, b])
         eventually(lambda: k8s.copy_data(b, "hub") == DATA)
-        eventually(lambda: ready(k8s, g))
+        eventually(lambda: ready(k8s, g) and controller.idle())
         assert k8s.copy(a, "hub") is None
         assert controller.metric("projector_writes_total", result="error") == 0
+        # Skipped: counted as such, and not even tried (a refused create would be a write).
+        assert controller.metric("projector_projections", state="NamespaceTerminating") == 1
+        assert controller.metric("projector_writes_total", result="ok") == 1  # b's create only
+        tried = [
+            w
+            for w in audit_writes(audit_log, started)
+            if w.namespace == a and w.agent.startswith("projector/")
+        ]
+        assert tried == []
     finally:
         core_v1.patch_namespaced_config_map("hold", a, {"metadata": {"finalizers": None}})
 
@@ -404,14 +434,20 @@ def test_copy_orphaned_while_controller_down(
     first = start_controller()
     g = k8s.grant((src, "hub"), namespaces=[a], on_revoke=policy)
     eventually(lambda: k8s.copy_data(a, "hub") == DATA)
+    kept = k8s.copy(a, "hub")
     assert first.stop() == 0
     k8s.delete_grant(g)
     second = start_controller("--debounce=0")
     if policy == "Delete":
         eventually(lambda: k8s.copy(a, "hub") is None)
-    else:
-        eventually(second.settled)
-        assert k8s.copy_data(a, "hub") == DATA
+    else:  # the new controller reconciled the orphan's grant name, and left the copy as it was
+        eventually(lambda: second.reconciled(g) > 0 and second.idle())
+        now = k8s.copy(a, "hub")
+        assert now is not None and kept is not None
+        assert (now.metadata.uid, now.metadata.resource_version) == (
+            kept.metadata.uid,
+            kept.metadata.resource_version,
+        )
 
 
 def test_restart_with_everything_up_to_date_writes_nothing(
@@ -427,12 +463,12 @@ def test_restart_with_everything_up_to_date_writes_nothing(
     k8s.patch_grant(g, {"spec": {"target": {"namespaces": [*targets, conflicted]}}})
     eventually(lambda: failures(k8s, g).get(conflicted) == "Conflict")
     eventually(lambda: all(k8s.copy_data(ns, "hub") == DATA for ns in targets))
-    eventually(first.settled)
+    eventually(lambda: k8s.observed(g) and first.idle())
     versions = {ns: k8s.copy(ns, "hub").metadata.resource_version for ns in targets}
     grant_rv = k8s.get_grant(g)["metadata"]["resourceVersion"]
     assert first.stop() == 0
     second = start_controller("--debounce=0")
-    eventually(second.settled)
+    eventually(lambda: second.reconciled(g) > 0 and second.idle())  # it did look, and wrote nothing
     assert second.writes() == 0
     assert {ns: k8s.copy(ns, "hub").metadata.resource_version for ns in targets} == versions
     assert k8s.get_grant(g)["metadata"]["resourceVersion"] == grant_rv

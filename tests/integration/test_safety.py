@@ -49,7 +49,7 @@ def test_a_reused_grant_name_leaves_the_earlier_grants_retained_copies_alone(
     # The same name again, for another source and another namespace, with onRevoke Delete.
     k8s.grant((src2, "other"), name=name, namespaces=[b])
     eventually(lambda: k8s.copy_data(b, "other") == {"token": "reuse-canary-2"})
-    eventually(controller.settled)
+    eventually(lambda: k8s.observed(name) and controller.idle())
     kept = k8s.copy(a, "hub")
     assert kept is not None, "the earlier grant's Retained copy was deleted by the new grant"
     assert kept.metadata.uid == retained.metadata.uid

@@ -267,6 +267,19 @@ async def test_debounce_collapses_a_burst_into_one_get() -> None:
     assert queue.waiting() == 0
 
 
+async def test_debouncing_counts_changes_not_yet_run_but_not_rechecks() -> None:
+    """A recheck delayed by add_after is not a pending change; a debounced add on it is."""
+    queue, clock, _ = make(debounce=10, debounce_max=100)
+    queue.add("change")
+    queue.add_after("recheck", 60)
+    assert (queue.waiting(), queue.debouncing()) == (2, 1)
+    queue.add("recheck")  # a change of the rechecked key: now it debounces too
+    assert (queue.waiting(), queue.debouncing()) == (2, 2)
+    advance(queue, clock, 10)
+    assert await get_all(queue) == ["change", "recheck"]
+    assert (queue.waiting(), queue.debouncing()) == (0, 0)
+
+
 async def test_debounce_window_trails_the_last_add() -> None:
     queue, clock, _ = make(debounce=10, debounce_max=100)
     queue.add("a")  # t=0: due at 10

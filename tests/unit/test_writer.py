@@ -103,11 +103,15 @@ async def test_create_lands_and_is_counted() -> None:
 async def test_create_errors(errors: list[ApiError], reason: Reason, calls: int) -> None:
     api = FakeApi()
     api.fail("CREATE", *errors)
-    w, _ = writer(api)
+    w, metrics = writer(api)
     (out,) = await w.execute(plan_for())
     assert out.reason is reason
     assert out.written is (reason is Reason.PROJECTED)
     assert [c[0] for c in api.calls] == ["CREATE"] * calls
+    # Counted as ok only if written: a create the server refused is never an ok write.
+    result = {Reason.PROJECTED: "ok", Reason.WRITE_FAILED: "error"}.get(reason, "skipped")
+    assert writes(metrics, "Create", result) == 1
+    assert writes(metrics, "Create", "ok") == (result == "ok")
 
 
 async def test_retry_after_is_honoured() -> None:
