@@ -50,11 +50,11 @@ def test_150_copies_of_a_1_mib_secret_stay_under_200_mib(
     first: ControllerProcess = start_controller()
     g = k8s.grant((src, "big"), selector={"matchLabels": label})
     eventually(lambda: projected(k8s, g) == COPIES, timeout=240, message="150 copies written")
-    eventually(first.settled, timeout=60)
+    eventually(first.idle, timeout=60)
     fan_out = first.peak_rss_mib()
     assert first.stop() == 0
     second: ControllerProcess = start_controller()  # lists 150 MiB of copies again
-    eventually(second.settled, timeout=120)
+    eventually(lambda: second.reconciled(g) >= 1 and second.idle(), timeout=120)
     relist = second.peak_rss_mib()
     print(f"peak RSS (VmHWM): fan-out {fan_out:.0f} MiB, restart {relist:.0f} MiB")
     rewrites = sum(  # an earlier test's orphan may be deleted meanwhile: not counted
@@ -127,7 +127,7 @@ def test_edge_payloads_are_projected_exactly(
     assert copy is not None
     assert digest(copy.data) == digest(data)  # byte for byte, without printing a value
     assert copy.metadata.annotations["projector.nebari.dev/grant-uid"]
-    eventually(controller.settled, timeout=30)
+    eventually(controller.idle, timeout=30)
     # Created once, then seen to be in sync: no rewrite. (An earlier test's orphan may be
     # deleted meanwhile: deletes are not counted.)
     writes = {

@@ -25,6 +25,7 @@ import yaml
 from kubernetes import client
 
 from projector.writer import MAX_RETRY_AFTER
+from tests import reliability
 from tests.launcher import ControllerProcess
 from tests.support import (
     AuditWrite,
@@ -40,6 +41,9 @@ from tests.support import (
 FLOWCONTROL = ("flowcontrol.apiserver.k8s.io", "v1")
 DATA = {"token": "THROTTLE-canary-1"}
 COPIES = 12
+
+
+pytestmark = pytest.mark.fault
 
 
 @pytest.fixture
@@ -189,7 +193,17 @@ def test_429s_are_retried_after_retry_after_and_never_counted_as_written(
         if w.code == 429:
             refused[w.namespace].append(w.at)
     rejected = sum(len(v) for v in refused.values())
-    # reliability: record(rejected_429=rejected, converge_seconds=converge_seconds)
+    reliability.record(
+        "API throttling (429 from API Priority and Fairness)",
+        injected="a FlowSchema and a Reject priority level with no seats for the controller's "
+        f"Secret writes in {COPIES} namespaces; then the FlowSchema deleted",
+        observed={
+            "deletes": sum(w.verb == "delete" for w in ours),
+            "missed_updates": sum(k8s.copy_data(ns, "hub") != DATA for ns in targets),
+            "converge_seconds": round(converge_seconds, 2),
+            "writes answered 429": rejected,
+        },
+    )
     print(f"throttling: {rejected} writes answered 429; converged {converge_seconds:.2f} s after")
     # Every 429 the server sent is one the controller saw, and none of them counted as written:
     # "ok" is exactly the writes the server accepted, one create per copy.
