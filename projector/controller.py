@@ -40,6 +40,10 @@ UNHEALTHY_RETRY_MAX = 5.0
 is what failed, so its grants must not wait minutes once it recovers."""
 
 
+_DEBOUNCED = frozenset({Kind.SOURCE, Kind.COPY})
+"""Changes that may come in bursts; grants and namespaces are rare and run at once."""
+
+
 class Controller:
     """The work queue's consumers: one reconcile of one grant name at a time per worker."""
 
@@ -63,17 +67,22 @@ class Controller:
         self.tracer = tracer or trace.get_tracer("projector")
         self._stopping = False
         self._ids = itertools.count(1)
+        self._server_wait: dict[str, float] = {}
+        """Per grant, the Retry-After its last reconcile's throttled writes were given."""
         store.listen(self._enqueue)
 
     def _enqueue(self, kind: Kind, names: Iterable[str]) -> None:
         """Queue the grants a change affects.
 
-        Source changes are debounced (bursts collapse), the rest run at once; a copy event
-        starts no latency clock (it is often our own write).
+        Source and copy changes are debounced (bursts collapse), the rest run at once; a copy
+        event starts no latency clock (it is often our own write). Copy events must share the
+        source's window: while a source keeps changing, the late echoes of one reconcile's
+        writes differ from what the next one wants, and run at once they chained reconciles
+        back to back, defeating the debounce (59 writes per copy in a 40 s burst).
         """
         if kind is not Kind.COPY:
             self.metrics.triggered(names)
-        add = self.queue.add if kind is Kind.SOURCE else self.queue.add_now
+        add = self.queue.add if kind in _DEBOUNCED else self.queue.add_now
         for name in names:
             add(name)
 
@@ -109,8 +118,9 @@ class Controller:
             except Exception:
                 log.exception("reconcile crashed", grant=name)
                 result = Result.ERROR
+            server_wait = self._server_wait.pop(name, 0.0)
             if result is Result.ERROR:
-                self.queue.add_rate_limited(name)
+                self.queue.add_rate_limited(name, floor=server_wait)
             elif result is Result.RECHECK:
                 self.queue.forget(name)
                 self.queue.add_after(name, self.config.conflict_recheck)
@@ -149,11 +159,14 @@ class Controller:
             outcomes = await self.writer.execute(plan)
             self.metrics.observe(plan, outcomes, since, time.monotonic())
             verdict = status.verdict(plan, outcomes)
+            if verdict is Result.ERROR:  # a throttled write: the next try waits as asked
+                self._server_wait[name] = max((o.retry_after for o in outcomes), default=0.0)
             if rec is not None:
                 retry = None
                 if verdict is Result.ERROR:  # the backoff the queue will apply, shown in status
                     attempt = self.queue.num_requeues(name)
-                    retry = (attempt + 1, self.queue.backoff(attempt))
+                    wait = self._server_wait.get(name, 0.0)
+                    retry = (attempt + 1, max(self.queue.backoff(attempt), wait))
                 new = status.compute(plan, outcomes, retry=retry)
                 await self._report(rec, new, status.events(outcomes, rec.status, new))
             else:

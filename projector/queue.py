@@ -203,11 +203,12 @@ class WorkQueue(Generic[K]):
             return True
         return False
 
-    def add_rate_limited(self, key: K, cap: float | None = None) -> float:
+    def add_rate_limited(self, key: K, cap: float | None = None, floor: float = 0.0) -> float:
         """Retry ``key`` after its exponential backoff, so a failing key cannot hot-loop.
 
         ``cap`` bounds this delay below ``backoff_max`` (a retry that waits on a cache, not on
-        the key itself). Returns the delay, or 0 after shutdown.
+        the key itself); ``floor`` is a wait the server asked for (Retry-After), never cut.
+        Returns the delay, or 0 after shutdown.
         """
         if self._shutting_down:
             self._emit("dropped", key)
@@ -218,6 +219,7 @@ class WorkQueue(Generic[K]):
         delay = self.backoff(failures)
         if cap is not None:
             delay = min(delay, cap)
+        delay = max(delay, floor)
         self.add_after(key, delay)
         return delay
 

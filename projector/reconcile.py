@@ -249,6 +249,8 @@ class Outcome:
     reason: Reason
     message: str = ""
     written: bool = False
+    retry_after: float = 0.0
+    """The server's Retry-After on a write that failed throttled: the next try waits as long."""
 
     @property
     def namespace(self) -> str:

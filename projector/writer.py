@@ -51,10 +51,17 @@ MAX_RETRY_AFTER = 10.0
 """Cap on a 429's Retry-After: a server asking for minutes must not stall a worker that long."""
 
 
+def retry_after(error: ApiError) -> float:
+    """How long the server asked us to wait (a 429's Retry-After, capped); 0 if it did not."""
+    if isinstance(error, TooManyRequests):
+        return min(float(error.retry_after), MAX_RETRY_AFTER)
+    return 0.0
+
+
 def retry_delay(error: ApiError, attempt: int, initial: float, maximum: float) -> float:
     """Before retry `attempt` (1, 2, ...): a 429's Retry-After (capped), else backoff + jitter."""
     if isinstance(error, TooManyRequests):
-        return min(float(error.retry_after), MAX_RETRY_AFTER)
+        return retry_after(error)
     return min(initial * 2.0 ** (attempt - 1), maximum) + random.uniform(0, initial)
 
 
@@ -199,7 +206,10 @@ class Writer:
             except ApiError as e:  # the server's own words (quota, admission), never a value
                 said = f": {e.message[:MAX_MESSAGE]}" if e.message else ""
                 outcome = Outcome(
-                    step, Reason.WRITE_FAILED, f"{step.action.value}: {e.status} {e.reason}{said}"
+                    step,
+                    Reason.WRITE_FAILED,
+                    f"{step.action.value}: {e.status} {e.reason}{said}",
+                    retry_after=retry_after(e),
                 )
             result = WriteResult.OK if outcome.written else WriteResult.SKIPPED
             self._metrics.write(step.action, _RESULTS.get(outcome.reason, result))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from opentelemetry import trace
@@ -9,11 +10,11 @@ from opentelemetry import trace
 from projector.api import EVENTS, GRANTS, NAMESPACES, SECRETS
 from projector.config import Config
 from projector.controller import Controller
-from projector.errors import ServerError
+from projector.errors import ServerError, TooManyRequests
 from projector.queue import WorkQueue
 from projector.recorder import Recorder
 from projector.status import Result
-from projector.store import Store
+from projector.store import Kind, Store
 from projector.telemetry import Metrics
 from projector.writer import Writer
 from tests.unit.fakeapi import FakeApi
@@ -90,6 +91,27 @@ async def test_failed_writes_are_retried_with_backoff_and_reported() -> None:
     assert "retry 1 in" in ready["message"]  # the backoff the queue applies next
 
 
+async def test_a_throttled_grant_waits_as_long_as_the_server_asked_before_its_next_try() -> None:
+    api = FakeApi()
+    world(api)
+    ctl = await controller(api)
+    api.fail("CREATE", *[TooManyRequests(429, "TooManyRequests", retry_after=0.25)] * 4)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    ctl.queue.add_now("g")
+    worker = asyncio.create_task(ctl._worker())
+    try:
+        async with asyncio.timeout(5):
+            while api.objects.get((SECRETS.plural, "a", "s")) is None:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)  # polls the double, which has no event to await
+    finally:
+        worker.cancel()
+    creates = [c for c in api.calls if c[:2] == ("CREATE", SECRETS.plural)]
+    assert len(creates) == 5  # 4 throttled tries in the first reconcile, 1 in the next
+    # 3 waits of 0.25 s inside the first reconcile, and 0.25 s (not the 5 ms backoff) after it
+    assert loop.time() - started >= 4 * 0.25
+
+
 async def test_an_unreadable_source_is_retried_and_deletes_nothing() -> None:
     api = FakeApi()
     world(api, grant=grant_obj("g", ("src", "other"), namespaces=["a"], name="s"))
@@ -134,3 +156,16 @@ async def test_a_refused_event_never_fails_the_reconcile() -> None:
     assert api.get_object(SECRETS, "a", "s") is not None
     assert not [k for k in api.objects if k[0] == EVENTS.plural]
     assert verbs(api) == ["CREATE secrets", "PATCH_STATUS projectiongrants", "CREATE events"]
+
+
+async def test_copy_events_share_the_debounce_of_source_events() -> None:
+    """Echoes of one reconcile's writes arriving during the next must not cut its window."""
+    api = FakeApi()
+    world(api)
+    ctl = await controller(api)
+    ctl.queue = WorkQueue(debounce=1.0, debounce_max=2.0)
+    for kind in (Kind.SOURCE, Kind.COPY):
+        ctl._enqueue(kind, ["g"])
+    assert (len(ctl.queue), ctl.queue.waiting()) == (0, 1)  # debounced, not run at once
+    ctl._enqueue(Kind.GRANT, ["g"])
+    assert (len(ctl.queue), ctl.queue.waiting()) == (1, 0)  # a grant change runs at once
