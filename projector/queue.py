@@ -19,10 +19,12 @@ Delays, all per key and all driven by one heap of ``(deadline, seq, key)``:
   further add at ``t`` pushes it back to ``min(t + debounce, t0 + debounce_max)``, so a burst
   collapses into one run while latency stays bounded. The window restarts once the key becomes
   dirty. With ``debounce == 0`` the key is ready at once.
-* A *hot* key, one still being added when its window hit that cap, gets a window twice as long
-  next time (up to ``debounce_hot_max``), and the normal one again once a window ends quietly:
-  a source rewritten many times a second costs a handful of writes per copy, not one per
-  ``debounce_max``, while a lone change keeps its short latency.
+* A *hot* key, one added again within its last window of its release, gets a window twice as
+  long (up to ``debounce_hot_max``), which ends after ``debounce_max`` of quiet or at its cap;
+  a key quiet for a whole window is cold again. A source rewritten many times a second costs
+  a handful of writes per copy, not one per ``debounce_max``, while a lone change keeps its
+  short latency. (A quiet gap of ``debounce`` cannot cool a key: under load, events arrive in
+  clumps with such gaps.)
 * ``add_after`` and ``add_rate_limited`` (exponential per-key backoff) only ever move a deadline
   *earlier*, and a later debounced add can never push the key past them.
 * ``add_now`` bypasses every delay. A key that is already dirty absorbs all adds: the run it is
@@ -75,14 +77,15 @@ class QueueShutDown(Exception):  # named like asyncio.QueueShutDown (3.13)
 class _Pending:
     """The delay record of a waiting key (mutable, so pushing it back costs no heap push)."""
 
-    __slots__ = ("capped", "deadline", "first", "hard", "seq")
+    __slots__ = ("deadline", "first", "hard", "seq", "trailing", "window")
 
     def __init__(self, deadline: float, seq: int, first: float | None, hard: float) -> None:
         self.deadline = deadline  # when the key becomes dirty
         self.seq = seq  # identifies the heap entry that is live for this key
         self.first = first  # start of the debounce window; None if no debounced add yet
         self.hard = hard  # earliest add_after deadline: debounce never pushes past it
-        self.capped = False  # adds kept coming until the window's cap: the key is hot
+        self.window = 0.0  # longest the debounce may push it back, from `first`
+        self.trailing = 0.0  # each debounced add pushes it back this far
 
 
 class WorkQueue(Generic[K]):
@@ -132,7 +135,8 @@ class WorkQueue(Generic[K]):
         self._heap: list[tuple[float, int, K]] = []  # (deadline, seq, key), lazily deleted
         self._seq = itertools.count()
         self._failures: dict[K, int] = {}
-        self._hot: dict[K, float] = {}  # hot keys' next window (absent: debounce_max)
+        self._hot: dict[K, float] = {}  # hot keys' window (absent: debounce_max)
+        self._released: dict[K, float] = {}  # when each key's last debounce window ended
         self._shutting_down = False
 
         self._getters: deque[asyncio.Future[None]] = deque()
@@ -153,20 +157,32 @@ class WorkQueue(Generic[K]):
         pending = self._pending.get(key)
         if pending is None:
             self._emit("added", key)
-            deadline = now + self._debounce  # debounce <= debounce_max, checked in __init__
-            self._schedule(key, _Pending(deadline, next(self._seq), now, math.inf))
+            pending = _Pending(now, next(self._seq), now, math.inf)
+            self._open_window(key, pending, now)
+            pending.deadline = now + pending.trailing  # trailing <= window, checked in __init__
+            self._schedule(key, pending)
             return
         self._emit("coalesced", key)
         if pending.first is None:
             pending.first = now
-        cap = pending.first + self._hot.get(key, self._debounce_max)
-        if cap < now + self._debounce:
-            pending.capped = True
-        target = min(now + self._debounce, cap, pending.hard)
+            self._open_window(key, pending, now)
+        target = min(now + pending.trailing, pending.first + pending.window, pending.hard)
         if target < pending.deadline:
             self._move_earlier(key, pending, target)
         else:
             pending.deadline = target  # pushed back lazily: the heap entry re-pushes on pop
+
+    def _open_window(self, key: K, pending: _Pending, now: float) -> None:
+        """Size the debounce window `key` opens now: doubled if it is hot, normal if cold."""
+        window = self._hot.get(key, self._debounce_max)
+        last = self._released.pop(key, None)
+        if last is not None and now - last < window:  # added again soon after its last run
+            window = self._hot[key] = min(2 * window, self._hot_max)
+        else:
+            window = self._debounce_max
+            self._hot.pop(key, None)
+        pending.window = window
+        pending.trailing = self._debounce if window <= self._debounce_max else self._debounce_max
 
     def add_now(self, key: K) -> None:
         """Add ``key`` bypassing any debounce or delay, for changes that must not wait."""
@@ -377,14 +393,17 @@ class WorkQueue(Generic[K]):
                 heapq.heappush(heap, (pending.deadline, seq, key))  # pushed back meanwhile
                 continue
             del pending_by_key[key]
-            if pending.capped:
-                window = self._hot.get(key, self._debounce_max)
-                self._hot[key] = min(2 * window, self._hot_max)
-            elif pending.first is not None:
-                self._hot.pop(key, None)  # a window ended quietly: the key cooled down
+            if pending.first is not None and self._hot_max > self._debounce_max:
+                self._released[key] = deadline
+                if len(self._released) > 2 * len(self._hot) + _COMPACT_SLACK:
+                    self._forget_cold(deadline)
             self._make_dirty(key)
             released += 1
         return released
+
+    def _forget_cold(self, now: float) -> None:
+        """Drop release times too old to make any key hot (deleted grants' keys, too)."""
+        self._released = {k: t for k, t in self._released.items() if now - t < self._hot_max}
 
     def _arm(self) -> None:
         """Keep one timer armed for the earliest heap entry (possibly stale: harmless)."""

@@ -321,13 +321,23 @@ async def releases(queue: WorkQueue[str], clock: FakeClock, adds: range) -> list
 
 async def test_a_hot_key_gets_longer_windows_and_cools_down_after_a_quiet_one() -> None:
     queue, clock, _ = make(debounce=10, debounce_max=50, debounce_hot_max=400)
-    # An add every 5 s for 1,000 s: windows of 50, 100, 200, then 400 (the cap); the last add
-    # (995) is followed by the trailing debounce: 200 adds, 5 runs (debounce_max alone: 20).
-    assert await releases(queue, clock, range(0, 1000, 5)) == [50, 150, 350, 750, 1005]
+    # An add every 5 s for 1,000 s: windows of 50, 100, 200, then 400 (the cap); a hot key's
+    # window ends after debounce_max of quiet: 50 s after the last add (995). 200 adds, 5 runs
+    # (debounce_max alone would be 20).
+    assert await releases(queue, clock, range(0, 1000, 5)) == [50, 150, 350, 750, 1045]
     # Quiet since: the last window ended quietly, so a lone add waits only the debounce...
     assert await releases(queue, clock, range(1600, 1601)) == [1610]
     # ...and the next burst starts from debounce_max again.
     assert (await releases(queue, clock, range(2200, 2400, 5)))[:2] == [2250, 2350]
+
+
+async def test_gaps_longer_than_the_debounce_do_not_cool_a_hot_key() -> None:
+    """Under load events arrive in clumps: a gap of more than `debounce` is not quiet."""
+    queue, clock, _ = make(debounce=10, debounce_max=50, debounce_hot_max=400)
+    # An add every 15 s: the first window ends quietly at 10; the add at 15 comes within 50 s
+    # of that run, so the key is hot: windows of 100 (from 15), 200 (from 120), 400 (from 330).
+    released = await releases(queue, clock, range(0, 700, 15))
+    assert released == [10, 115, 320, 730]
 
 
 async def test_debounce_never_pushes_past_an_add_after() -> None:
