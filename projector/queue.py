@@ -19,12 +19,13 @@ Delays, all per key and all driven by one heap of ``(deadline, seq, key)``:
   further add at ``t`` pushes it back to ``min(t + debounce, t0 + debounce_max)``, so a burst
   collapses into one run while latency stays bounded. The window restarts once the key becomes
   dirty. With ``debounce == 0`` the key is ready at once.
-* A *hot* key, one added again within its last window of its release, gets a window twice as
-  long (up to ``debounce_hot_max``), which ends after ``debounce_max`` of quiet or at its cap;
-  a key quiet for a whole window is cold again. A source rewritten many times a second costs
-  a handful of writes per copy, not one per ``debounce_max``, while a lone change keeps its
-  short latency. (A quiet gap of ``debounce`` cannot cool a key: under load, events arrive in
-  clumps with such gaps.)
+* A *hot* key, one whose last window collapsed several adds and that is added again within a
+  window of its run, gets a window twice as long (up to ``debounce_hot_max``), which ends after
+  ``debounce_max`` of quiet or at its cap; a key quiet for a whole window is cold again, and
+  changes made one at a time, each after the last one's run, never make a key hot. A source
+  rewritten many times a second costs a handful of writes per copy, not one per
+  ``debounce_max``, while a lone change keeps its short latency. (A quiet gap of ``debounce``
+  cannot cool a key: under load, events arrive in clumps with such gaps.)
 * ``add_after`` and ``add_rate_limited`` (exponential per-key backoff) only ever move a deadline
   *earlier*, and a later debounced add can never push the key past them.
 * ``add_now`` bypasses every delay. A key that is already dirty absorbs all adds: the run it is
@@ -77,7 +78,7 @@ class QueueShutDown(Exception):  # named like asyncio.QueueShutDown (3.13)
 class _Pending:
     """The delay record of a waiting key (mutable, so pushing it back costs no heap push)."""
 
-    __slots__ = ("deadline", "first", "hard", "seq", "trailing", "window")
+    __slots__ = ("adds", "deadline", "first", "hard", "seq", "trailing", "window")
 
     def __init__(self, deadline: float, seq: int, first: float | None, hard: float) -> None:
         self.deadline = deadline  # when the key becomes dirty
@@ -86,6 +87,7 @@ class _Pending:
         self.hard = hard  # earliest add_after deadline: debounce never pushes past it
         self.window = 0.0  # longest the debounce may push it back, from `first`
         self.trailing = 0.0  # each debounced add pushes it back this far
+        self.adds = 0  # debounced adds collapsed into this run
 
 
 class WorkQueue(Generic[K]):
@@ -159,6 +161,7 @@ class WorkQueue(Generic[K]):
             self._emit("added", key)
             pending = _Pending(now, next(self._seq), now, math.inf)
             self._open_window(key, pending, now)
+            pending.adds = 1
             pending.deadline = now + pending.trailing  # trailing <= window, checked in __init__
             self._schedule(key, pending)
             return
@@ -166,6 +169,7 @@ class WorkQueue(Generic[K]):
         if pending.first is None:
             pending.first = now
             self._open_window(key, pending, now)
+        pending.adds += 1
         target = min(now + pending.trailing, pending.first + pending.window, pending.hard)
         if target < pending.deadline:
             self._move_earlier(key, pending, target)
@@ -393,7 +397,7 @@ class WorkQueue(Generic[K]):
                 heapq.heappush(heap, (pending.deadline, seq, key))  # pushed back meanwhile
                 continue
             del pending_by_key[key]
-            if pending.first is not None and self._hot_max > self._debounce_max:
+            if pending.adds > 1 and self._hot_max > self._debounce_max:  # a busy window
                 self._released[key] = deadline
                 if len(self._released) > 2 * len(self._hot) + _COMPACT_SLACK:
                     self._forget_cold(deadline)

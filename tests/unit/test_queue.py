@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import random
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any, cast
 
 import pytest
@@ -305,10 +306,13 @@ async def test_debounce_is_capped_by_debounce_max_then_restarts() -> None:
     assert released_at == [50, 100, 150, 200, 250, 300]
 
 
-async def releases(queue: WorkQueue[str], clock: FakeClock, adds: range) -> list[float]:
-    """Add "a" at each time in `adds`; when it was released (checked every second)."""
+async def releases(
+    queue: WorkQueue[str], clock: FakeClock, adds: Sequence[int], quiet: int = 500
+) -> list[float]:
+    """Add "a" at each time in `adds`; when it was released (checked every second), until
+    `quiet` seconds after the last add."""
     released_at: list[float] = []
-    for t in range(adds.start, adds.stop + 500):
+    for t in range(adds[0], adds[-1] + quiet):
         clock.t = t
         queue.poll()
         if len(queue):
@@ -334,10 +338,22 @@ async def test_a_hot_key_gets_longer_windows_and_cools_down_after_a_quiet_one() 
 async def test_gaps_longer_than_the_debounce_do_not_cool_a_hot_key() -> None:
     """Under load events arrive in clumps: a gap of more than `debounce` is not quiet."""
     queue, clock, _ = make(debounce=10, debounce_max=50, debounce_hot_max=400)
-    # An add every 15 s: the first window ends quietly at 10; the add at 15 comes within 50 s
+    # Two adds every 15 s: the first window ends quietly at 11; the adds at 15 come within 50 s
     # of that run, so the key is hot: windows of 100 (from 15), 200 (from 120), 400 (from 330).
-    released = await releases(queue, clock, range(0, 700, 15))
-    assert released == [10, 115, 320, 730]
+    clumps = [t for start in range(0, 700, 15) for t in (start, start + 1)]
+    released = await releases(queue, clock, clumps)
+    assert released == [11, 115, 320, 730]
+
+
+async def test_changes_made_one_at_a_time_never_make_a_key_hot() -> None:
+    queue, clock, _ = make(debounce=10, debounce_max=50, debounce_hot_max=400)
+    # One add 5 s after each run (a writer that waits for its copy): each run 10 s after its add.
+    released: list[float] = []
+    t = 0
+    for _ in range(20):
+        released += await releases(queue, clock, [t], quiet=20)
+        t = int(released[-1]) + 5
+    assert [b - a for a, b in itertools.pairwise(released)] == [15] * 19  # hot would be 55
 
 
 async def test_debounce_never_pushes_past_an_add_after() -> None:
