@@ -91,8 +91,22 @@ async def test_failed_writes_are_retried_with_backoff_and_reported() -> None:
     assert "retry 1 in" in ready["message"]  # the backoff the queue applies next
 
 
+class CreatedApi(FakeApi):
+    """Tells when a Secret create has gone through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.created = asyncio.Event()
+
+    async def create(self, res: Any, body: Any, **kw: Any) -> Any:
+        out = await super().create(res, body, **kw)
+        if res is SECRETS:
+            self.created.set()
+        return out
+
+
 async def test_a_throttled_grant_waits_as_long_as_the_server_asked_before_its_next_try() -> None:
-    api = FakeApi()
+    api = CreatedApi()
     world(api)
     ctl = await controller(api)
     api.fail("CREATE", *[TooManyRequests(429, "TooManyRequests", retry_after=0.25)] * 4)
@@ -101,9 +115,7 @@ async def test_a_throttled_grant_waits_as_long_as_the_server_asked_before_its_ne
     ctl.queue.add_now("g")
     worker = asyncio.create_task(ctl._worker())
     try:
-        async with asyncio.timeout(5):
-            while api.objects.get((SECRETS.plural, "a", "s")) is None:  # noqa: ASYNC110
-                await asyncio.sleep(0.01)  # polls the double, which has no event to await
+        await asyncio.wait_for(api.created.wait(), 5)
     finally:
         worker.cancel()
     creates = [c for c in api.calls if c[:2] == ("CREATE", SECRETS.plural)]

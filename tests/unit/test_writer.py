@@ -274,7 +274,7 @@ class SlowApi(FakeApi):
     async def create(self, res: Any, body: Any, **kw: Any) -> Any:
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # allowed-sleep: a create that takes time, so writes overlap
         self.in_flight -= 1
         return await super().create(res, body, **kw)
 
