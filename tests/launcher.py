@@ -171,3 +171,15 @@ def launch(
     with log.open("wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     return ControllerProcess(proc, port, log, started)
+
+
+def validate(*args: Path | str) -> subprocess.CompletedProcess[str]:
+    """Run `projector validate ARGS...` from the repository; its output, exit code not checked."""
+    return subprocess.run(
+        [sys.executable, "-m", "projector", "validate", *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )

@@ -8,8 +8,6 @@ server-side dry run on the real API server.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ import yaml
 from kubernetes import client
 
 from tests.helm import chart
-from tests.launcher import REPO
+from tests.launcher import REPO, validate
 from tests.support import unique_name
 
 ARGOCD = REPO / "deploy" / "argocd"
@@ -60,14 +58,7 @@ def test_the_grants_application_is_a_valid_kustomization(
     kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
     files = [folder / r for r in kustomization["resources"]]
     assert files and all(f.is_file() for f in files)
-    result = subprocess.run(
-        [sys.executable, "-m", "projector", "validate", *map(str, files)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = validate(*files)
     assert result.returncode == 0, result.stdout + result.stderr
     for f in files:
         for doc in yaml.safe_load_all(f.read_text()):

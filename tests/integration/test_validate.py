@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from kubernetes import client
 
 from projector.errors import InvalidGrant
 from projector.model import parse_grant
-from tests.launcher import REPO
+from tests.launcher import REPO, validate
 from tests.support import unique_name
 
 FIXTURES = REPO / "tests" / "fixtures" / "grants"
@@ -43,17 +42,6 @@ BAD = {
     "bad-names.yaml": (6, "spec.source.namespace", "'JupyterHub' does not match"),
     "missing-source.yaml": (5, "spec.source", "required field missing"),
 }
-
-
-def validate(*paths: Path | str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "projector", "validate", *map(str, paths)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def test_the_shipped_grants_pass() -> None:
@@ -118,14 +106,7 @@ def test_a_rule_added_to_the_crd_is_enforced(tmp_path: Path) -> None:
         .replace("namespace: jupyterhub", "namespace: forbidden")
     )
     assert validate(grant).returncode == 0
-    result = subprocess.run(
-        [sys.executable, "-m", "projector", "validate", f"--crd={path}", str(grant)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = validate(f"--crd={path}", grant)
     assert result.returncode == 1 and "spec: not from there" in result.stdout
 
 
