@@ -362,6 +362,13 @@ class Cluster:
                 return None
             raise
 
+    def version(self, namespace: str, name: str) -> tuple[str, str] | None:
+        """A Secret's (uid, resourceVersion): equal later only if it was never rewritten."""
+        secret = self.copy(namespace, name)
+        if secret is None:
+            return None
+        return str(secret.metadata.uid), str(secret.metadata.resource_version)
+
     def copy_data(self, namespace: str, name: str) -> dict[str, str] | None:
         s = self.copy(namespace, name)
         return None if s is None else decode(s.data or {})
