@@ -159,13 +159,13 @@ class Controller:
             outcomes = await self.writer.execute(plan)
             self.metrics.observe(plan, outcomes, since, time.monotonic())
             verdict = status.verdict(plan, outcomes)
-            if verdict is Result.ERROR:  # a throttled write: the next try waits as asked
-                self._server_wait[name] = max((o.retry_after for o in outcomes), default=0.0)
+            wait = 0.0  # a throttled write's Retry-After: the next try waits as asked
+            if verdict is Result.ERROR:
+                wait = self._server_wait[name] = max((o.retry_after for o in outcomes), default=0.0)
             if rec is not None:
                 retry = None
                 if verdict is Result.ERROR:  # the backoff the queue will apply, shown in status
                     attempt = self.queue.num_requeues(name)
-                    wait = self._server_wait.get(name, 0.0)
                     retry = (attempt + 1, max(self.queue.backoff(attempt), wait))
                 new = status.compute(plan, outcomes, retry=retry)
                 await self._report(rec, new, status.events(outcomes, rec.status, new))
