@@ -47,8 +47,13 @@ ETCD = "etcd"
 APISERVER = "kube-apiserver"
 CONTROLLER_MANAGER = "kube-controller-manager"
 PROCESS_NAMES = (ETCD, APISERVER, CONTROLLER_MANAGER)
-# Only what tests need: namespaces that finish deleting and ownerReference garbage collection.
-KCM_CONTROLLERS = ("namespace-controller", "garbage-collector-controller")
+# Only what tests need: namespaces that finish deleting, ownerReference garbage collection, and
+# ResourceQuota usage (without it a quota's status stays empty and admission enforces nothing).
+KCM_CONTROLLERS = (
+    "namespace-controller",
+    "garbage-collector-controller",
+    "resourcequota-controller",
+)
 
 STATE_FILE = "state.json"
 ADMIN_KUBECONFIG = "admin.kubeconfig"
