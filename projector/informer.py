@@ -3,8 +3,17 @@
 The reflector loop is client-go's: LIST (page by page), then WATCH from the list's
 resourceVersion with bookmarks and a server timeout; a watch that ends normally resumes from
 the last resourceVersion seen; a 410 Gone relists and turns what vanished into deletions; any
-other failure backs off (0.8 s doubling to 30 s) and retries. A client read deadline turns a
-silently stalled connection into an error, so a watch can never hang unnoticed.
+other failure backs off and retries: 0.8 s doubling to 30 s when the server answered with an
+error, but at most `UNREACHABLE_RETRY_MAX` (1 s) when it did not answer at all (refused, reset,
+timed out), so that an informer is back within a second of its API server (a connection
+attempt to a server that is down costs it nothing). A client read deadline turns a silently
+stalled connection into an error, so a watch can never hang unnoticed.
+
+For /healthz, an informer says whether it is *wedged* (`wedged`: no step of its loop, no list
+page, event, error or retry, within a bound that every step keeps), and since when the server
+has been *refusing* it (`refused_since`: 401, 403, 404 on every attempt, e.g. its RBAC or CRD
+removed). Neither says anything about whether the API server is reachable: an informer that
+retries an absent server is neither.
 
 The cache's `healthy` is cleared whenever it may be behind the server (before the first list,
 while relisting, after a broken watch) and set again once a list or watch succeeds; the
@@ -28,6 +37,11 @@ from projector.api import Api, Obj
 from projector.errors import ApiError, Gone
 from projector.store import Cache
 
+UNREACHABLE_RETRY_MAX = 1.0
+"""Cap of the backoff while the API server does not answer at all."""
+WEDGE_SLACK = 60.0
+"""Added to the longest a healthy loop step may take, before the loop counts as wedged."""
+
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
 
@@ -46,6 +60,8 @@ class Informer(Generic[K, T]):
         read_deadline: float = 90.0,
         on_event: Callable[[str, str], None] | None = None,
         backoff: tuple[float, float] = (0.8, 30.0),
+        request_timeout: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
         self.cache = cache
@@ -55,8 +71,21 @@ class Informer(Generic[K, T]):
         self._timeout_seconds = timeout_seconds
         self._read_deadline = read_deadline
         self.resource_version = ""
+        self._clock = clock
         self.failing_since: float | None = None
         """Monotonic time since which every list or watch has failed (None: it works)."""
+        self.refused_since: float | None = None
+        """Monotonic time since which the server has refused every attempt (401/403/404)."""
+        self._progress = clock()
+        self._step_bound = max(read_deadline, request_timeout) + backoff[1] + WEDGE_SLACK
+        """The longest one step of the loop takes when nothing is wrong with this process."""
+
+    def wedged(self) -> bool:
+        """No step of the loop (list page, event, error, retry) within its bound: stuck."""
+        return self._clock() - self._progress > self._step_bound
+
+    def _alive(self) -> None:
+        self._progress = self._clock()
 
     @property
     def name(self) -> str:
@@ -82,6 +111,7 @@ class Informer(Generic[K, T]):
         )
         async with contextlib.aclosing(pages):
             async for page, version in pages:
+                self._alive()
                 rv = version
                 for k, new in self.spec.entries(page):
                     seen.add(k)
@@ -114,6 +144,7 @@ class Informer(Generic[K, T]):
         need_list = True
         healthy = self.cache.healthy
         while True:
+            self._alive()
             try:
                 if need_list:
                     healthy.clear()
@@ -121,6 +152,7 @@ class Informer(Generic[K, T]):
                     need_list = False
                     self.cache.synced.set()
                     healthy.set()
+                    self.failing_since = self.refused_since = None
                 events = self.api.watch(
                     self.spec.resource,
                     resource_version=self.resource_version,
@@ -131,9 +163,10 @@ class Informer(Generic[K, T]):
                 )
                 async with contextlib.aclosing(events):  # its connection closes with the loop
                     async for kind, obj in events:
+                        self._alive()
                         healthy.set()
                         delay = 0.0
-                        self.failing_since = None
+                        self.failing_since = self.refused_since = None
                         if kind == "OPEN":
                             self._event("OPEN")  # a sign of life: the server accepted the watch
                             continue
@@ -150,11 +183,20 @@ class Informer(Generic[K, T]):
                 log.info("watch expired; relisting", kind=self.name)
                 need_list = True
             except ApiError as e:
+                self._alive()
                 healthy.clear()
+                now = self._clock()
                 if self.failing_since is None:
-                    self.failing_since = time.monotonic()
-                delay = min(self._backoff[1], max(self._backoff[0], delay * 2))
-                log.warning(
+                    self.failing_since = now
+                if e.status in (401, 403, 404):
+                    self.refused_since = self.refused_since or now
+                else:
+                    self.refused_since = None  # refused continuously, or not at all
+                cap = UNREACHABLE_RETRY_MAX if e.status == 0 else self._backoff[1]
+                initial = min(self._backoff[0], cap)
+                delay = min(cap, max(initial, delay * 2)) * (1 + random.random() * 0.2)
+                first = self.failing_since == now  # later failures of a streak: info, not warning
+                (log.warning if first else log.info)(
                     "watch failed; retrying",
                     kind=self.name,
                     status=e.status,
