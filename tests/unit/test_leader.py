@@ -181,21 +181,19 @@ async def test_a_nudge_ends_the_wait_of_a_campaign_the_outage_held_back() -> Non
     timings = Timings(lease_duration=300, renew_deadline=200, retry_period=100)
     a = Elector(api, namespace=NS, identity="a", metrics=Metrics(), timings=timings)
     original = api.get
-    calls = 0
+    failed = asyncio.Event()
 
     async def down_once(*args: Any, **kw: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
+        if not failed.is_set():
+            failed.set()
             raise ServerError(0, "ClientConnectorError")
         return await original(*args, **kw)
 
     api.get = down_once  # type: ignore[method-assign]
     task = asyncio.create_task(a.run())
     try:
-        while calls == 0:  # the first attempt has failed; the next is 100 s away
-            await asyncio.sleep(0)
-        for _ in range(10):
+        await asyncio.wait_for(failed.wait(), 5)  # the next attempt is 100 s away
+        for _ in range(10):  # let tenacity record the failure and start its wait
             await asyncio.sleep(0)
         assert not a.leading.is_set()
         a.nudge()  # an informer heard from the server
