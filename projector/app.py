@@ -87,10 +87,20 @@ async def run(
     )
     store = Store(kube)
 
+    behind = [False]
+    """Some cache was behind the server (a failed list or watch, a relist) since the last time
+    every cache was current."""
+
     def on_informer_event(kind: str, type_: str) -> None:
         metrics.on_informer_event(kind, type_)
-        if elector is not None and type_ in ("OPEN", "RELIST"):
+        if type_ in ("ERROR", "RELIST"):
+            behind[0] = True
+        if type_ in ("OPEN", "RELIST") and elector is not None:
             elector.nudge()  # the server answers again: campaign now, not at the next turn
+        if type_ == "OPEN" and behind[0] and store.healthy():
+            behind[0] = False
+            if workers:  # the grants that waited on a cache run now, not when their backoff ends
+                controller.resync()
 
     informers = [
         Informer(

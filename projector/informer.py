@@ -4,9 +4,10 @@ The reflector loop is client-go's: LIST (page by page), then WATCH from the list
 resourceVersion with bookmarks and a server timeout; a watch that ends normally resumes from
 the last resourceVersion seen; a 410 Gone relists and turns what vanished into deletions; any
 other failure backs off and retries: 0.8 s doubling to 30 s when the server answered with an
-error, but at most `UNREACHABLE_RETRY_MAX` (1 s) when it did not answer at all (refused, reset,
-timed out), so that an informer is back within a second of its API server (a connection
-attempt to a server that is down costs it nothing). A client read deadline turns a silently
+error, the Retry-After it gave with a 429, and at most `UNREACHABLE_RETRY_MAX` (1 s) when it
+did not answer at all (refused, reset, timed out), so that an informer is back within a
+second of its API server (a connection attempt to a server that is down costs it nothing),
+and the grants that waited on its cache run then (`app`). A client read deadline turns a silently
 stalled connection into an error, so a watch can never hang unnoticed.
 
 For /healthz, an informer says whether it is *wedged* (`wedged`: no step of its loop, no list
@@ -34,7 +35,7 @@ from typing import Generic, TypeVar
 import structlog
 
 from projector.api import Api, Obj
-from projector.errors import ApiError, Gone
+from projector.errors import ApiError, Gone, TooManyRequests
 from projector.store import Cache
 
 UNREACHABLE_RETRY_MAX = 1.0
@@ -141,6 +142,7 @@ class Informer(Generic[K, T]):
     async def run(self) -> None:
         """Keep the cache current until cancelled."""
         delay = 0.0
+        unreachable = False  # the last failure was the server not answering at all
         need_list = True
         healthy = self.cache.healthy
         while True:
@@ -192,9 +194,14 @@ class Informer(Generic[K, T]):
                     self.refused_since = self.refused_since or now
                 else:
                     self.refused_since = None  # refused continuously, or not at all
-                cap = UNREACHABLE_RETRY_MAX if e.status == 0 else self._backoff[1]
-                initial = min(self._backoff[0], cap)
-                delay = min(cap, max(initial, delay * 2)) * (1 + random.random() * 0.2)
+                if (e.status == 0) != unreachable:  # a new kind of failure: a fresh backoff
+                    unreachable, delay = e.status == 0, 0.0
+                if isinstance(e, TooManyRequests):  # the server said when (APF, starting up)
+                    delay = min(float(e.retry_after), self._backoff[1])
+                else:
+                    cap = UNREACHABLE_RETRY_MAX if unreachable else self._backoff[1]
+                    delay = min(cap, max(min(self._backoff[0], cap), delay * 2))
+                delay *= 1 + random.random() * 0.2
                 first = self.failing_since == now  # later failures of a streak: info, not warning
                 (log.warning if first else log.info)(
                     "watch failed; retrying",

@@ -384,6 +384,12 @@ def _holder(admin: client.ApiClient) -> str:
     return str(lease.spec.holder_identity or "")
 
 
+def _led_by(admin: client.ApiClient, ids: list[str]) -> str:
+    """The Lease's holder once it is one of `ids`, else ''."""
+    holder = _holder(admin)
+    return holder if holder in ids else ""
+
+
 @pytest.mark.parametrize(
     "replicas, outage",
     [
@@ -413,7 +419,7 @@ def test_api_server_outage_mid_fan_out_is_survived_in_place(
     k8s.source(src, "hub", {"token": "survive-canary-0"}, export_to="*")
     ids = [unique_name(f"survivor-{i}", max_len=30) for i in range(replicas)]
     procs = [start_controller(f"--id={rid}", leader_elect=True) for rid in ids]
-    leader = eventually(lambda: (h := _holder(admin_client)) in ids and h, timeout=40)
+    leader = eventually(lambda: _led_by(admin_client, ids), timeout=40)
     grant = k8s.grant((src, "hub"), selector={"matchLabels": {"survive": team}})
     eventually(all_hold(k8s.core, grant, "survive-canary-0"), timeout=180)
     before = {ns: uid for ns, (uid, _) in copies(k8s.core, grant).items()}
@@ -431,14 +437,14 @@ def test_api_server_outage_mid_fan_out_is_survived_in_place(
 
     started = datetime.now(UTC)
     k8s.patch_secret(src, "hub", {"data": {"token": "survive-canary-1"}})  # a fan-out begins
+    down = time.monotonic()  # kube-apiserver refuses new connections from here on
     with control_plane.apiserver_down():
-        down = time.monotonic()
         # Down at least until the leader's renew deadline has passed: its term is over.
         eventually(nobody_leads, timeout=60, message="the leader's term ended")
         if outage == "3m":
             support.consistently(every_replica_alive, duration=180 - (time.monotonic() - down))
-        down_for = time.monotonic() - down
-    back = time.monotonic()
+    back = time.monotonic()  # ready again (its /readyz answered)
+    down_for = back - down
     k8s.patch_secret(src, "hub", {"data": {"token": "survive-canary-2"}})  # the next change
     sent = time.monotonic()
     first = eventually(
@@ -450,7 +456,7 @@ def test_api_server_outage_mid_fan_out_is_survived_in_place(
     )
     eventually(all_hold(k8s.core, grant, "survive-canary-2"), timeout=120)
     landed_all = time.monotonic() - back
-    new_leader = eventually(lambda: (h := _holder(admin_client)) in ids and h, timeout=30)
+    new_leader = eventually(lambda: _led_by(admin_client, ids))
     after = {ns: uid for ns, (uid, _) in copies(k8s.core, grant).items()}
     deletes = deletes_since(audit_log, started)
     exits = [cp.proc.poll() for cp in procs if cp.proc.poll() is not None]
@@ -463,7 +469,8 @@ def test_api_server_outage_mid_fan_out_is_survived_in_place(
         injected=(
             f"kube-apiserver stopped (etcd kept running) right after a source change began a "
             f"fan-out to {FANOUT} namespaces; {replicas} replica(s), leader election with its "
-            f"default timings; down {down_for:.0f} s (until the leader's lease had run out"
+            f"default timings; down {down_for:.0f} s, from the stop to /readyz (at least until the "
+            f"leader's lease had run out"
             f"{', then 3 minutes in all' if outage == '3m' else ''}); a change made once the "
             "API server was ready again."
         ),
@@ -474,6 +481,7 @@ def test_api_server_outage_mid_fan_out_is_survived_in_place(
             "exits": len(exits),
             "healthz_failures": unhealthy,
             "tracebacks": tracebacks,
+            "down_seconds": round(down_for, 1),
             "first_copy_landed_seconds": round(first - sent, 2),
             "copies_recreated": sum(1 for ns, uid in after.items() if before.get(ns) != uid),
             "leader_before_after": f"{ids.index(leader)} -> {ids.index(new_leader)}",
