@@ -494,3 +494,90 @@ def test_api_server_outage_mid_fan_out_is_survived_in_place(
     assert won >= 1  # a new term was won (the old one ended with the outage)
     for cp in procs:
         assert cp.ready()
+
+
+def _slow_requests(ctl: ControllerProcess, over: float) -> float:
+    """Requests (watches aside) that took longer than `over` seconds (a histogram bucket)."""
+    total = slow = 0.0
+    for (name, labels), value in ctl.metrics().items():
+        if name != "projector_api_request_duration_seconds_bucket":
+            continue
+        lab = dict(labels)
+        if lab.get("verb") == "WATCH":
+            continue
+        if lab.get("le") == "+Inf":
+            total += value
+        elif float(lab.get("le", "0")) == over:
+            slow -= value
+    return total + slow
+
+
+def test_a_black_hole_costs_no_lease_term_and_no_request_waits_on_a_dead_connection(
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    start_controller: Any,
+    control_plane: ControlPlane,
+    projector_kubeconfig: Path,
+    admin_client: client.ApiClient,
+    audit_log: Path,
+    tmp_path: Path,
+) -> None:
+    """Every connection of a leader (default lease timings) silenced at once, idle pooled ones
+    included: no request waits on one of them past its read timeout (10 s; a Lease call 1.5 s),
+    the leader renews on a fresh connection well within its renew deadline (its term goes on),
+    and a change made at once lands when the watches' read deadline has reconnected them."""
+    url = urlsplit(control_plane.server)
+    relay = Relay((url.hostname or "127.0.0.1", url.port or 443))
+    relay.start()
+    try:
+        kubeconfig = relayed_kubeconfig(projector_kubeconfig, tmp_path / "relayed", relay.port)
+        src, a = make_namespace(), make_namespace()
+        k8s.source(src, "hub", {"token": "hole-canary-1"}, export_to="*")
+        rid = unique_name("hole", max_len=30)
+        ctl = start_controller(
+            f"--kubeconfig={kubeconfig}",
+            f"--id={rid}",
+            "--informer-stall-after=10s",
+            leader_elect=True,
+        )
+        eventually(lambda: _holder(admin_client) == rid, timeout=40)
+        k8s.grant((src, "hub"), namespaces=[a])
+        eventually(lambda: k8s.copy_data(a, "hub") == {"token": "hole-canary-1"})
+        uid = k8s.copy(a, "hub").metadata.uid
+        terms = ctl.metric("projector_leader_transitions_total")
+        renewals = ctl.metric("projector_lease_renew_seconds_count")
+        slow_before = _slow_requests(ctl, 10.0)
+        started = datetime.now(UTC)
+        silenced = relay.blackhole()
+        assert silenced >= 5, "the watches and the Lease's connection run over the relay"
+        holed = time.monotonic()
+        k8s.patch_secret(src, "hub", {"data": {"token": "hole-canary-2"}})
+        eventually(lambda: k8s.copy_data(a, "hub") == {"token": "hole-canary-2"}, timeout=60)
+        converged = time.monotonic() - holed
+        eventually(lambda: ctl.metric("projector_lease_renew_seconds_count") >= renewals + 2)
+        slow = _slow_requests(ctl, 10.0) - slow_before
+        lost = ctl.logs().count("lost the lease")
+        deletes = deletes_since(audit_log, started)
+        reliability.record(
+            "Every connection of a leader black-holed, idle pooled ones included",
+            injected=(
+                f"all {silenced} connections between a leader (default lease timings) and the "
+                "API server, its watches, its Lease session and its idle pooled connections, "
+                "stopped carrying bytes without being closed (a loopback TCP relay); a source "
+                "change made at once. --informer-stall-after=10s (watch read deadline 5 s)."
+            ),
+            observed={
+                "deletes": len(deletes),
+                "missed_updates": int(k8s.copy_data(a, "hub") != {"token": "hole-canary-2"}),
+                "converge_seconds": converged,
+                "requests_over_10s": int(slow),
+                "lease_terms_lost": lost,
+                "copies_recreated": int(k8s.copy(a, "hub").metadata.uid != uid),
+            },
+        )
+        assert slow == 0, "a request waited on a dead connection past its read timeout"
+        assert lost == 0 and ctl.metric("projector_leader") == 1
+        assert ctl.metric("projector_leader_transitions_total") == terms
+        assert deletes == []
+    finally:
+        relay.close()
