@@ -167,7 +167,7 @@ class Metrics:
         )
         self.lease_renew_failures = Counter(
             "projector_lease_renew_failures_total",
-            "Lease renewals that failed (a leader that fails until its deadline exits).",
+            "Lease renewal attempts that failed (a leader failing until its deadline follows).",
             registry=r,
         )
         self.informer_events = Counter(
