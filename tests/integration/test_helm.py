@@ -10,6 +10,7 @@ admission policy) let it project a Secret.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -377,3 +378,116 @@ def test_helm_install_upgrade_uninstall_on_a_real_api_server(
     assert k8s.get_grant(grant)["metadata"].get("finalizers") is None
     listed = helm_on(helm_bin, fresh_plane, "list", "-A", "-o", "json")
     assert json.loads(listed) == []
+
+
+# --- GitOps: what Argo CD deletes with the controller's Application, and the CRD upgrade step ---
+
+ARGO_OPTIONS = "argocd.argoproj.io/sync-options"
+
+
+def argo_rendered(helm_bin: Path, tmp_path: Path) -> list[dict[str, Any]]:
+    """The controller's Application as Argo CD renders it: the chart with the child's values
+    (deploy/argocd/apps) and its crds/ included, as Argo CD's own helm template does."""
+    apps = chart.documents(
+        chart.helm(
+            helm_bin,
+            "template",
+            "projector-platform",
+            str(REPO / "deploy" / "argocd" / "apps"),
+            "--namespace=argocd",
+            "--set=grants.repoURL=https://git.example.org/platform/grants.git",
+        )
+    )
+    app = next(a for a in apps if a["metadata"]["name"] == "projector")
+    values = tmp_path / "argo-values.yaml"
+    values.write_text(json.dumps(app["spec"]["source"]["helm"]["valuesObject"]))
+    return chart.documents(chart.template(helm_bin, "--include-crds", f"--values={values}"))
+
+
+def test_deleting_the_controller_application_as_argo_cd_would_leaves_crd_grants_and_copies(
+    helm_bin: Path, fresh_plane: ControlPlane, fresh_api: client.ApiClient, tmp_path: Path
+) -> None:
+    """Argo CD syncs the controller's Application (the chart with its crds/), the controller
+    projects; then the Application is deleted with its resources finalizer, which deletes every
+    resource Argo CD manages except those whose sync-options say Delete=false."""
+    core = client.CoreV1Api(fresh_api)
+    ext = client.ApiextensionsV1Api(fresh_api)
+    canaries = Canaries()
+    k8s = Cluster(core, client.CustomObjectsApi(fresh_api), canaries, "argo")
+    docs = argo_rendered(helm_bin, tmp_path)
+    with contextlib.suppress(client.ApiException):  # CreateNamespace=true
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
+    for doc in docs:  # the sync: every resource server-side applied (ServerSideApply=true)
+        server_side_apply(fresh_api, doc, dry_run=False)
+
+    def established() -> bool:
+        conds = ext.read_custom_resource_definition(CRD_NAME).status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conds)
+
+    eventually(established, message="CRD Established")
+    src, dst = "argo-producer", "argo-consumer"
+    for ns in (src, dst):
+        with contextlib.suppress(client.ApiException):
+            core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    k8s.source(src, "hub", {"api-token": "CANARY-argo-1"}, export_to=dst)
+    grant = k8s.grant((src, "hub"), name="argo-hub", namespaces=[dst])
+    kubeconfig = sa_kubeconfig(fresh_plane, fresh_api, tmp_path / "sa.kubeconfig")
+    ctl: ControllerProcess = launch(kubeconfig, tmp_path / "controller.log")
+    try:
+        eventually(lambda: k8s.copy_data(dst, "hub") == {"api-token": "CANARY-argo-1"})
+    finally:
+        assert ctl.stop() == 0, ctl.logs()[-3000:]
+    canaries.assert_absent("controller logs", ctl.logs())
+
+    # The Application deleted: Argo CD deletes what it manages, but for Delete=false.
+    dyn = dynamic.DynamicClient(fresh_api)
+    kept = []
+    for doc in docs:
+        options = (doc["metadata"].get("annotations") or {}).get(ARGO_OPTIONS, "")
+        if "Delete=false" in options.split(","):
+            kept.append(doc["kind"])
+            continue
+        res = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        with contextlib.suppress(client.ApiException):
+            res.delete(name=doc["metadata"]["name"], namespace=doc["metadata"].get("namespace"))
+    assert kept == ["CustomResourceDefinition"]
+    eventually(lambda: released_objects(fresh_api) == [], message="the app's objects deleted")
+    assert ext.read_custom_resource_definition(CRD_NAME)
+    assert k8s.get_grant(grant)["metadata"]["name"] == grant
+    assert k8s.copy_data(dst, "hub") == {"api-token": "CANARY-argo-1"}
+    k8s.scan()
+
+
+def test_the_documented_crd_upgrade_step_applies_a_changed_crd_and_keeps_the_grants(
+    fresh_api: client.ApiClient,
+) -> None:
+    """Helm never upgrades crds/; docs/install.md's step, `kubectl apply --server-side
+    --force-conflicts -f deploy/crds/`, does (here: the same server-side apply, by the field
+    manager kubectl uses). The CRD is first made to look like an older release's (a printer
+    column fewer, written by another manager, as `helm install` writes it)."""
+    ext = client.ApiextensionsV1Api(fresh_api)
+    custom = client.CustomObjectsApi(fresh_api)
+    shipped = chart.documents((REPO / "deploy" / "crds" / chart.CRD_FILE).read_text())[0]
+    current = ext.read_custom_resource_definition(CRD_NAME)
+    older = fresh_api.sanitize_for_serialization(current)
+    columns = older["spec"]["versions"][0]["additionalPrinterColumns"]
+    older["spec"]["versions"][0]["additionalPrinterColumns"] = columns[:-1]
+    ext.replace_custom_resource_definition(CRD_NAME, older, field_manager="helm")
+    grants_before = {
+        g["metadata"]["name"]
+        for g in custom.list_cluster_custom_object(
+            "projector.nebari.dev", "v1alpha1", "projectiongrants"
+        )["items"]
+    }
+    server_side_apply(fresh_api, shipped, dry_run=False)  # the documented step
+    after = fresh_api.sanitize_for_serialization(ext.read_custom_resource_definition(CRD_NAME))
+    want = shipped["spec"]["versions"][0]["additionalPrinterColumns"]
+    got = after["spec"]["versions"][0]["additionalPrinterColumns"]
+    assert [c["name"] for c in got] == [c["name"] for c in want]
+    grants_after = {
+        g["metadata"]["name"]
+        for g in custom.list_cluster_custom_object(
+            "projector.nebari.dev", "v1alpha1", "projectiongrants"
+        )["items"]
+    }
+    assert grants_after == grants_before
