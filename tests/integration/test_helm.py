@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client, dynamic
 
+from observability import rules
 from tests.controlplane.plane import ControlPlane
 from tests.helm import chart
 from tests.launcher import REPO, ControllerProcess, launch
@@ -143,6 +145,35 @@ def test_template_non_default_values(helm_bin: Path) -> None:
     single = render(helm_bin, "--set=leaderElection.enabled=false", "--set=replicaCount=1")
     args = container(single)["args"]
     assert "--no-leader-elect" in args and "--leader-elect" not in args
+
+
+def test_the_chart_renders_the_generated_rules_with_the_selector_and_runbook_from_values(
+    helm_bin: Path,
+) -> None:
+    """The chart's PrometheusRule is observability/rules.py's groups, not a copy: with the
+    defaults, exactly deploy/prometheus/rules.yaml; the job selector and runbook base from
+    values, never from the release name."""
+    on = "--set=metrics.prometheusRule.enabled=true"
+    default = render(helm_bin, on)[("PrometheusRule", "projector")]
+    shipped = yaml.safe_load((REPO / "deploy" / "prometheus" / "rules.yaml").read_text())
+    assert default["spec"]["groups"] == shipped["groups"] == rules.groups()
+    other = chart.documents(
+        chart.helm(
+            helm_bin,
+            "template",
+            "another-release",
+            str(chart.CHART),
+            on,
+            '--set-string=metrics.prometheusRule.selector=job=~"projector|dr"',
+            "--set=metrics.runbookBaseURL=https://runbooks.example.org/projector/",
+        )
+    )
+    rule = next(d for d in other if d["kind"] == "PrometheusRule")
+    assert rule["spec"]["groups"] == rules.groups(
+        'job=~"projector|dr"', "https://runbooks.example.org/projector"
+    )
+    monitor = render(helm_bin, "--set=metrics.serviceMonitor.enabled=true")
+    assert monitor[("ServiceMonitor", "projector")]["spec"]["jobLabel"] == "app.kubernetes.io/name"
 
 
 @pytest.mark.parametrize(

@@ -2,11 +2,12 @@
 
 The controller projects against the real API server through a TCP proxy that can stall every
 connection without closing it. Prometheus scrapes it every second (OpenMetrics, so exemplars
-are stored) and evaluates `deploy/prometheus/rules.yaml` every second. The test evaluates every
-dashboard panel query and every rule through Prometheus' HTTP API, reads an exemplar back and
-finds its trace id in the controller's logs, then freezes the proxy and waits for the stall
-alert to fire. Pictures for docs/observability.md are drawn from the range queries
-(written into docs/ when PROJECTOR_UPDATE_DOCS=1, else into the test's tmp dir).
+are stored) and evaluates every second the alert rules as the chart renders them (`helm
+template` of its PrometheusRule: deploy/prometheus/rules.yaml with the default values). The
+test evaluates every dashboard panel query and every rule through Prometheus' HTTP API, reads
+an exemplar back and finds its trace id in the controller's logs, then freezes the proxy and
+waits for the stall alert to fire. Pictures for docs/observability.md are drawn from the
+range queries (written into docs/ when PROJECTOR_UPDATE_DOCS=1, else into the test's tmp dir).
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ import yaml
 
 from observability import dashboard, pictures, rules
 from tests.controlplane.plane import ControlPlane
+from tests.helm import chart
 from tests.launcher import REPO, ControllerProcess
 from tests.prometheus.harness import Prometheus, StallProxy, binaries
 from tests.support import Canaries, Cluster, NamespaceFactory, eventually
 
-RULES = REPO / "deploy/prometheus/rules.yaml"
 RULE_TESTS = REPO / "tests/prometheus/rules_test.yaml"
 STALL_AFTER = 8.0
 """The controller's --informer-stall-after here; quiet watches restart every 2-3 s meanwhile."""
@@ -44,22 +45,45 @@ def prometheus_bin() -> Path:
     return binaries()
 
 
-def test_promtool_checks_the_rules_and_their_unit_tests_pass(prometheus_bin: Path) -> None:
+@pytest.fixture(scope="session")
+def chart_rules(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The chart's PrometheusRule (`helm template`, default values) as a Prometheus rule file."""
+    rendered = chart.documents(
+        chart.template(
+            chart.helm_binary(),
+            "--set=metrics.prometheusRule.enabled=true",
+            "--show-only=templates/prometheusrule.yaml",
+        )
+    )
+    assert [d["kind"] for d in rendered] == ["PrometheusRule"]
+    path = tmp_path_factory.mktemp("chart-rules") / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": rendered[0]["spec"]["groups"]}))
+    return path
+
+
+def test_promtool_checks_the_rules_and_their_unit_tests_pass(
+    prometheus_bin: Path, chart_rules: Path, tmp_path: Path
+) -> None:
     promtool = str(prometheus_bin / "promtool")
     check = subprocess.run(
-        [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
+        [promtool, "check", "rules", str(chart_rules)], capture_output=True, text=True, check=False
     )
     assert check.returncode == 0, check.stdout + check.stderr
     found = {
         r["alert"]
-        for g in yaml.safe_load(RULES.read_text())["groups"]
+        for g in yaml.safe_load(chart_rules.read_text())["groups"]
         for r in g["rules"]
         if "alert" in r
     }
     tested = set(re.findall(r"alertname: (\w+)", RULE_TESTS.read_text()))
     assert found == tested, f"alerts without a promtool unit test: {found - tested}"
+    # The unit tests, run against the chart's rendering of the rules.
+    unit = yaml.safe_load(RULE_TESTS.read_text())
+    unit["rule_files"] = [str(chart_rules)]
+    tests = tmp_path / "rules_test.yaml"
+    tests.write_text(yaml.safe_dump(unit, sort_keys=False))
     run = subprocess.run(
-        [promtool, "test", "rules", str(RULE_TESTS)], capture_output=True, text=True, check=False
+        [promtool, "test", "rules", str(tests)], capture_output=True, text=True, check=False
     )
     assert run.returncode == 0, run.stdout + run.stderr
 
@@ -118,6 +142,7 @@ def _scan(canaries: Canaries, where: str, obj: Any) -> None:
 def test_every_panel_and_alert_has_data_exemplars_link_traces_and_a_stall_fires(
     stall_proxy: StallProxy,
     prometheus_bin: Path,
+    chart_rules: Path,
     start_controller: Any,
     k8s: Cluster,
     make_namespace: NamespaceFactory,
@@ -127,7 +152,7 @@ def test_every_panel_and_alert_has_data_exemplars_link_traces_and_a_stall_fires(
     ctl: ControllerProcess = start_controller(
         "--watch-timeout=2", f"--informer-stall-after={STALL_AFTER:g}s"
     )
-    prom = Prometheus(prometheus_bin, tmp_path / "prom", [f"127.0.0.1:{ctl.port}"], [RULES])
+    prom = Prometheus(prometheus_bin, tmp_path / "prom", [f"127.0.0.1:{ctl.port}"], [chart_rules])
     try:
         # Prometheus scrapes the controller before anything happens, so rates see every change.
         eventually(
@@ -193,12 +218,13 @@ def test_every_panel_and_alert_has_data_exemplars_link_traces_and_a_stall_fires(
 
         eventually(rules_evaluated, timeout=15, message="every rule evaluated healthy")
         for record, expr in rules.RECORDS:  # each recorded series has data
+            expr = expr.replace(rules.JOB_TOKEN, rules.JOB)
             result = eventually(
                 functools.partial(prom.query, record), timeout=15, message=f"record {record}"
             )
             values.append((f"record: {record}", expr, _value(result)))
         for alert in rules.ALERTS:
-            result = prom.query(alert.expr)  # raises on a query error
+            result = prom.query(alert.expr.replace(rules.JOB_TOKEN, rules.JOB))  # raises on error
             values.append((f"alert: {alert.name}", alert.expr, _value(result)))
         assert not prom.firing("ProjectorInformerStalled"), "healthy informers counted as stalled"
 
