@@ -72,7 +72,7 @@ RECORDS: tuple[tuple[str, str], ...] = tuple(
 _BUDGET = f"{1 - SLO_TARGET:.2f}"
 _ERROR = 'result="error"'
 _CONFLICTED = 'state=~"Conflict|GrantConflict"'
-_NOT_READY = 'ready="false"'
+_READY = 'condition="Ready"'
 
 
 def _burn(long: str, short: str, factor: str) -> str:
@@ -137,10 +137,10 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         "ProjectorGrantsNotReady",
-        f"sum by ({_BY}) ({m('projector_grants', _NOT_READY)}) > 0",
+        f"max by ({_BY}, grant, reason) ({m('projector_grant_condition', _READY)}) == 0",
         "15m",
         "warning",
-        "{{ $value }} ProjectionGrants are not Ready.",
+        "ProjectionGrant {{ $labels.grant }} is not Ready: {{ $labels.reason }}.",
         "projectorgrantsnotready",
     ),
 )

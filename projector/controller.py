@@ -182,7 +182,7 @@ class Controller:
         self, rec: GrantRecord, new: dict[str, Any], events: list[status.Event]
     ) -> None:
         """Write the status if it changed, and record the Events."""
-        self.metrics.grant_ready(rec.name, status.is_ready(new))
+        self.metrics.grant_ready(rec.name, status.is_ready(new), new["conditions"])
         new = status.stamped(new, rec.status, timestamp())
         if not status.unchanged(new, rec.status):
             await self.writer.write_status(rec.name, new)

@@ -24,7 +24,7 @@ import yaml
 from kubernetes import client, dynamic
 
 from observability import rules
-from tests.controlplane.plane import ControlPlane
+from tests.controlplane.plane import CONTROLLER_MANAGER, ControlPlane
 from tests.helm import chart
 from tests.launcher import REPO, ControllerProcess, launch
 from tests.support import (
@@ -80,6 +80,7 @@ def test_template_default_values_is_restricted_and_highly_available(helm_bin: Pa
     kinds = sorted(k for k, _ in docs)
     assert kinds == sorted(
         [
+            "ClusterRole",
             "ClusterRole",
             "ClusterRoleBinding",
             "Deployment",
@@ -206,7 +207,12 @@ def test_generated_manifests_are_up_to_date(helm_bin: Path) -> None:
 def fresh_plane(binaries: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A second control plane without the CRD: what a new user's cluster looks like."""
     plane = ControlPlane(
-        tmp_path_factory.mktemp("helm-plane"), binaries, crd_dir=None, die_with_parent=True
+        tmp_path_factory.mktemp("helm-plane"),
+        binaries,
+        crd_dir=None,
+        die_with_parent=True,
+        # for the chart's read-only ClusterRole, aggregated into view
+        extra_args={CONTROLLER_MANAGER: ["--controllers=clusterrole-aggregation-controller"]},
     )
     plane.start()
     try:
@@ -522,3 +528,50 @@ def test_the_documented_crd_upgrade_step_applies_a_changed_crd_and_keeps_the_gra
         )["items"]
     }
     assert grants_after == grants_before
+
+
+def test_the_read_only_grants_role_is_aggregated_into_view_and_reads_no_secret(
+    helm_bin: Path, fresh_api: client.ApiClient
+) -> None:
+    """Whoever holds `view` cluster-wide may read grants and their status, never write one,
+    and gains no Secret read from projector's role (the kube-controller-manager's aggregation
+    controller merges it into view)."""
+    rbac = client.RbacAuthorizationV1Api(fresh_api)
+    docs = chart.documents(chart.template(helm_bin, "--show-only=templates/rbac.yaml"))
+    view = next(d for d in docs if d["metadata"]["name"] == "projector-grants-view")
+    server_side_apply(fresh_api, view, dry_run=False)
+
+    def aggregated() -> bool:
+        rules = rbac.read_cluster_role("view").rules or []
+        return any("projectiongrants" in (r.resources or []) for r in rules)
+
+    eventually(aggregated, message="projector-grants-view aggregated into view")
+    binding = client.V1ClusterRoleBinding(
+        metadata=client.V1ObjectMeta(name="alice-views"),
+        role_ref=client.V1RoleRef(
+            api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="view"
+        ),
+        subjects=[
+            client.RbacV1Subject(kind="User", name="alice", api_group="rbac.authorization.k8s.io")
+        ],
+    )
+    with contextlib.suppress(client.ApiException):
+        rbac.create_cluster_role_binding(binding)
+    authz = client.AuthorizationV1Api(fresh_api)
+
+    def may(verb: str, resource: str, group: str = "projector.nebari.dev", sub: str = "") -> bool:
+        review = client.V1SubjectAccessReview(
+            spec=client.V1SubjectAccessReviewSpec(
+                user="alice",
+                resource_attributes=client.V1ResourceAttributes(
+                    verb=verb, group=group, resource=resource, subresource=sub or None
+                ),
+            )
+        )
+        return bool(authz.create_subject_access_review(review).status.allowed)
+
+    eventually(lambda: may("list", "projectiongrants"), message="alice lists grants")
+    assert may("get", "projectiongrants", sub="status") and may("watch", "projectiongrants")
+    assert not may("create", "projectiongrants") and not may("delete", "projectiongrants")
+    assert not may("update", "projectiongrants", sub="status")
+    assert not may("get", "secrets", group="")
