@@ -146,7 +146,33 @@ ALERTS: tuple[Alert, ...] = (
 )
 
 
-def groups(job: str = JOB, runbook: str = RUNBOOK) -> list[dict[str, Any]]:
+DESCRIPTIONS: dict[str, str] = {
+    "ProjectorLatencySLOBurnFast": "More than 1% of copies took over 5 s to land, fast enough to "
+    "spend a month's error budget in about two days. Look at queue wait, API request codes "
+    "(429s) and the largest fan-outs.",
+    "ProjectorLatencySLOBurnSlow": "More than 1% of copies took over 5 s to land, fast enough to "
+    "spend a month's error budget in about five days.",
+    "ProjectorWriteErrors": "Copy writes fail after the writer's retries; the failing grants' "
+    "status and Events name the namespace and the API server's answer (403 RBAC or admission, "
+    "422 invalid, 5xx server).",
+    "ProjectorNoLeader": "No grant is reconciled and copies no longer follow their sources. "
+    "Replicas campaign again by themselves once the API server answers; look for failed "
+    "lease campaign attempts in their logs.",
+    "ProjectorInformerStalled": "Changes of this kind are not seen, so copies go stale; "
+    "reconnecting on the read deadline has not helped.",
+    "ProjectorConflicts": "A Secret projector does not own holds a copy's name (or two grants "
+    "claim one); the consumer there does not get the contract Secret until it is moved.",
+    "ProjectorGrantsNotReady": "`projector explain {{ $labels.grant }}` says why per namespace; "
+    "the grant's status and Events say the same.",
+}
+"""One more sentence per alert, for the notification (``description``)."""
+GRAFANA_TOKEN = "__PROJECTOR_GRAFANA_URL__"
+DASHBOARD = "/d/projector/projector"
+"""The dashboard's path under Grafana (its uid is ``projector``); ``dashboard_url`` is the
+chart's ``metrics.grafanaURL`` (empty by default: a path relative to Grafana) plus this."""
+
+
+def groups(job: str = JOB, runbook: str = RUNBOOK, grafana: str = "") -> list[dict[str, Any]]:
     """The rule groups, as Prometheus' rule file holds them, for a job selector and a runbook."""
 
     def fill(text: str) -> str:
@@ -159,7 +185,12 @@ def groups(job: str = JOB, runbook: str = RUNBOOK) -> list[dict[str, Any]]:
             "expr": fill(a.expr),
             **({"for": a.for_} if a.for_ != "0s" else {}),
             "labels": {"severity": a.severity},
-            "annotations": {"summary": a.summary, "runbook_url": f"{runbook}#{a.runbook}"},
+            "annotations": {
+                "summary": a.summary,
+                "description": DESCRIPTIONS[a.name],
+                "runbook_url": f"{runbook}#{a.runbook}",
+                "dashboard_url": f"{grafana}{DASHBOARD}",
+            },
         }
         for a in ALERTS
     ]
@@ -176,7 +207,7 @@ class _Dumper(yaml.SafeDumper):
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
     # A token the chart replaces stays in a literal block, so whatever replaces it (quotes,
     # colons, a URL) needs no YAML quoting.
-    literal = "\n" in value or JOB_TOKEN in value or RUNBOOK_TOKEN in value
+    literal = "\n" in value or any(t in value for t in (JOB_TOKEN, RUNBOOK_TOKEN, GRAFANA_TOKEN))
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if literal else None)
 
 
@@ -195,7 +226,7 @@ def chart_rules_yaml() -> str:
 
     ``templates/prometheusrule.yaml`` replaces them with the job selector and runbook base.
     """
-    doc = {"groups": groups(JOB_TOKEN, RUNBOOK_TOKEN)}
+    doc = {"groups": groups(JOB_TOKEN, RUNBOOK_TOKEN, GRAFANA_TOKEN)}
     return _NOTE + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=1000)
 
 

@@ -167,12 +167,18 @@ def test_the_chart_renders_the_generated_rules_with_the_selector_and_runbook_fro
             on,
             '--set-string=metrics.prometheusRule.selector=job=~"projector|dr"',
             "--set=metrics.runbookBaseURL=https://runbooks.example.org/projector/",
+            "--set=metrics.grafanaURL=https://grafana.example.org",
         )
     )
     rule = next(d for d in other if d["kind"] == "PrometheusRule")
     assert rule["spec"]["groups"] == rules.groups(
-        'job=~"projector|dr"', "https://runbooks.example.org/projector"
+        'job=~"projector|dr"',
+        "https://runbooks.example.org/projector",
+        "https://grafana.example.org",
     )
+    annotations = rule["spec"]["groups"][1]["rules"][0]["annotations"]
+    assert set(annotations) == {"summary", "description", "runbook_url", "dashboard_url"}
+    assert annotations["dashboard_url"] == "https://grafana.example.org/d/projector/projector"
     monitor = render(helm_bin, "--set=metrics.serviceMonitor.enabled=true")
     assert monitor[("ServiceMonitor", "projector")]["spec"]["jobLabel"] == "app.kubernetes.io/name"
 
