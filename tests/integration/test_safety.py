@@ -241,3 +241,43 @@ def test_probes_tell_a_dead_informer_and_recover_with_it(
         },
     )
     assert deletes == []
+
+
+def test_a_quota_refusing_secrets_in_one_namespace_is_a_named_failure(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess
+) -> None:
+    """A ResourceQuota `secrets: "0"` (enforced: the plane runs the resourcequota controller)
+    refuses the copy in one namespace: status.failures names it with the server's reason, one
+    Event tells it however often the write is retried, and the grant's other namespace and
+    another grant are projected meanwhile."""
+    src, quoted, fine, other = (make_namespace() for _ in range(4))
+    quota = client.V1ResourceQuota(
+        metadata=client.V1ObjectMeta(name="no-secrets"),
+        spec=client.V1ResourceQuotaSpec(hard={"secrets": "0"}),
+    )
+    k8s.core.create_namespaced_resource_quota(quoted, quota)
+    probe = client.V1Secret(metadata=client.V1ObjectMeta(generate_name="probe-"))
+    eventually(
+        lambda: status_of(lambda: k8s.core.create_namespaced_secret(quoted, probe)) == 403,
+        message="the quota was never enforced (is the resourcequota controller running?)",
+    )
+    want = {"token": "quota-canary"}
+    k8s.source(src, "hub", want, export_to="*")
+    grant = k8s.grant((src, "hub"), namespaces=[quoted, fine])
+    bystander = k8s.grant((src, "hub"), namespaces=[other], target_name="elsewhere")
+
+    def reported() -> dict[str, str] | None:
+        failures = k8s.status(grant).get("failures") or []
+        return next((f for f in failures if f["namespace"] == quoted), None)
+
+    failure = eventually(reported)
+    assert failure["reason"] == "WriteFailed"
+    assert "exceeded quota" in failure["message"], failure
+    assert k8s.copy_data(fine, "hub") == want
+    eventually(lambda: k8s.copy_data(other, "elsewhere") == want)
+    seen = controller.reconciled(grant)
+    eventually(lambda: controller.reconciled(grant) >= seen + 3, message="no retry with backoff")
+    assert k8s.copy(quoted, "hub") is None
+    told = [e for e in k8s.events(grant) if e.reason == "WriteFailed" and quoted in e.message]
+    assert len(told) == 1 and told[0].count in (None, 1), [(e.message, e.count) for e in told]
+    assert (k8s.condition(bystander, "Ready") or {}).get("status") == "True"
