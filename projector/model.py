@@ -208,7 +208,8 @@ def _is_label(value: object) -> bool:
     return isinstance(value, str) and _DNS1123_LABEL.fullmatch(value) is not None
 
 
-def _is_subdomain(value: object) -> bool:
+def is_subdomain(value: object) -> bool:
+    """A DNS-1123 subdomain: what the API server accepts as an object name."""
     return (
         isinstance(value, str)
         and len(value) <= 253
@@ -280,7 +281,7 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
     policy = spec.get("policy") or {}
     if not src.get("namespace") or not src.get("name"):
         raise InvalidGrant(name, "spec.source.namespace and spec.source.name are required")
-    if not _is_label(src["namespace"]) or not _is_subdomain(src["name"]):
+    if not _is_label(src["namespace"]) or not is_subdomain(src["name"]):
         raise InvalidGrant(name, "spec.source must name a valid namespace and Secret")
     raw_keys = spec.get("keys")
     keys: tuple[KeyMapping, ...] | None = None
@@ -302,7 +303,7 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
     if not namespaces and selector is None:
         raise InvalidGrant(name, "target needs namespaces or namespaceSelector")
     target_name = target.get("name") or src["name"]
-    if not _is_subdomain(target_name):
+    if not is_subdomain(target_name):
         raise InvalidGrant(name, f"target.name {target_name!r} is not a DNS-1123 subdomain")
     for ns in namespaces:
         if not _is_label(ns):

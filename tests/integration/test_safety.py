@@ -278,6 +278,8 @@ def test_a_quota_refusing_secrets_in_one_namespace_is_a_named_failure(
     seen = controller.reconciled(grant)
     eventually(lambda: controller.reconciled(grant) >= seen + 3, message="no retry with backoff")
     assert k8s.copy(quoted, "hub") is None
-    told = [e for e in k8s.events(grant) if e.reason == "WriteFailed" and quoted in e.message]
+    told = [
+        e for e in k8s.events(grant) if e.reason == "WriteFailed" and quoted in (e.message or "")
+    ]
     assert len(told) == 1 and told[0].count in (None, 1), [(e.message, e.count) for e in told]
     assert (k8s.condition(bystander, "Ready") or {}).get("status") == "True"
