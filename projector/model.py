@@ -36,6 +36,9 @@ ON_SOURCE_DELETED_ANNOTATION = f"{PREFIX}on-source-deleted"
 GRANT_METADATA_ANNOTATION = f"{PREFIX}grant-metadata"
 """Which labels/annotations of a copy came from the grant's target, so that keys an admin later
 removes from the grant are removed from the copies too, while keys other tools add are kept."""
+MAX_ANNOTATION_VALUE = 2048
+"""Of a grant's extra annotation values (as the CRD says): 64 of them stay well within the API
+server's 256 KiB of metadata on a copy, which would otherwise refuse every copy write."""
 FIELD_MANAGER = "projector"
 """The field manager of every write, and part of the ownership proof of a copy."""
 
@@ -318,6 +321,11 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
     for k, v in labels:
         if not is_label_value(v):
             raise InvalidGrant(name, f"target label {k!r} has an invalid value")
+    for k, v in annotations:
+        if not isinstance(v, str) or len(v) > MAX_ANNOTATION_VALUE:
+            raise InvalidGrant(
+                name, f"target annotation {k!r}: at most {MAX_ANNOTATION_VALUE} characters"
+            )
     try:
         on_revoke = OnRevoke(policy.get("onRevoke", OnRevoke.DELETE.value))
         on_source_deleted = OnSourceDeleted(
