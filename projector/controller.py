@@ -219,14 +219,13 @@ class Controller:
     ) -> bool:
         """Write the status if it changed, and record the Events; False if it was not written.
 
-        The Events wait for a status that landed: they are told once, against the stored
-        status, so the retry that writes it records them then.
+        The Events are recorded either way: they tell what this reconcile did (its writes),
+        which no retry would tell again.
         """
         self.metrics.grant_ready(rec.name, status.is_ready(new))
         new = status.stamped(new, rec.status, timestamp())
-        if not status.unchanged(new, rec.status) and not await self.writer.write_status(
+        written = status.unchanged(new, rec.status) or await self.writer.write_status(
             rec.name, new
-        ):
-            return False
+        )
         await self.recorder.record(rec, events)
-        return True
+        return written
