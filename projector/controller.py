@@ -224,8 +224,6 @@ class Controller:
         """
         self.metrics.grant_ready(rec.name, status.is_ready(new))
         new = status.stamped(new, rec.status, timestamp())
-        written = status.unchanged(new, rec.status) or await self.writer.write_status(
-            rec.name, new
-        )
+        written = status.unchanged(new, rec.status) or await self.writer.write_status(rec.name, new)
         await self.recorder.record(rec, events)
         return written
