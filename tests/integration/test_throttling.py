@@ -224,3 +224,63 @@ def test_429s_are_retried_after_retry_after_and_never_counted_as_written(
         if a.code == 429 and b.at - a.at < floor
     ]
     assert not early, (early[:3], floor)
+
+
+def test_a_throttled_grant_holds_up_no_other_grants_fan_out(
+    throttle: Any,  # first: removed only after the controller stopped
+    service_account_kubeconfig: ServiceAccountKubeconfigFactory,
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    start_controller: Any,
+    custom_objects: client.CustomObjectsApi,
+    audit_log: Path,
+) -> None:
+    """Two write slots in all; grant A's writes are throttled (its namespaces only), B's are
+    not. A's refused writes sleep on their Retry-After without holding a slot, so B's whole
+    fan-out lands while A's first reconcile is still retrying its refused writes."""
+    src = make_namespace()
+    throttled = [make_namespace() for _ in range(COPIES)]
+    free = [make_namespace() for _ in range(20)]
+    k8s.source(src, "hub", DATA, export_to="*")
+    kubeconfig = service_account_kubeconfig("projector", "projector-system")
+    user = yaml.safe_load(kubeconfig.read_text())["users"][0]["name"]
+    name = throttle(user, throttled)
+    eventually(
+        lambda: retry_after_of(kubeconfig, throttled[0]),
+        timeout=60,
+        message="API Priority and Fairness never rejected the probes",
+    )
+    started = datetime.now(UTC)
+    ctl: ControllerProcess = start_controller("--write-concurrency=2", kubeconfig=kubeconfig)
+    a = k8s.grant((src, "hub"), namespaces=throttled)
+    eventually(
+        lambda: ctl.metric("projector_api_requests_total", code="429") > 0,
+        timeout=60,
+        message="no write of grant A was answered 429",
+    )
+    b = k8s.grant((src, "hub"), namespaces=free, target_name="hub-b")
+    eventually(
+        lambda: k8s.observed(b)["targets"]["projected"] == len(free),
+        timeout=60,
+        message="grant B's fan-out never finished",
+    )
+    # B is done, and A's first reconcile has not even ended: its writes are still retrying.
+    assert ctl.reconciled(a) == 0, "B's fan-out waited for A's throttled writes"
+    assert all(k8s.copy_data(ns, "hub-b") == DATA for ns in free)
+
+    custom_objects.delete_cluster_custom_object(*FLOWCONTROL, "flowschemas", name)
+    eventually(
+        lambda: k8s.observed(a)["targets"]["projected"] == COPIES,
+        timeout=120,
+        message="A never converged once the FlowSchema was gone",
+    )
+    eventually(ctl.idle)
+    ours = [
+        w
+        for w in audit_writes(audit_log, started)
+        if w.resource == "secrets" and w.agent.startswith("projector/")
+    ]
+    assert any(w.code == 429 and w.namespace in throttled for w in ours)
+    b_writes = [w for w in ours if w.namespace in free]
+    assert [w.verb for w in b_writes if w.code < 300] == ["create"] * len(free)
+    assert all(w.code < 300 for w in b_writes)  # never throttled itself
