@@ -11,7 +11,9 @@ that followed it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -226,6 +228,34 @@ def test_429s_are_retried_after_retry_after_and_never_counted_as_written(
     assert not early, (early[:3], floor)
 
 
+@contextlib.contextmanager
+def seat_kept_busy(kubeconfig: Path, namespace: str, senders: int = 6) -> Iterator[None]:
+    """Keep the throttled level's one seat busy with dry-run creates as the same identity, so
+    that nearly every write of the controller it matches is answered 429, not one in two."""
+    stop = threading.Event()
+    api = api_client(kubeconfig)
+    core = client.CoreV1Api(api)
+    body = client.V1Secret(metadata=client.V1ObjectMeta(name="seat"))
+
+    def send() -> None:
+        while not stop.is_set():
+            try:
+                core.create_namespaced_secret(namespace, body, dry_run="All")
+            except client.ApiException as e:
+                if e.status != 429:
+                    raise
+
+    with ThreadPoolExecutor(senders) as pool:
+        futures = [pool.submit(send) for _ in range(senders)]
+        try:
+            yield
+        finally:
+            stop.set()
+            for f in futures:
+                f.result()
+            api.close()
+
+
 def test_a_throttled_grant_holds_up_no_other_grants_fan_out(
     throttle: Any,  # first: removed only after the controller stopped
     service_account_kubeconfig: ServiceAccountKubeconfigFactory,
@@ -235,9 +265,10 @@ def test_a_throttled_grant_holds_up_no_other_grants_fan_out(
     custom_objects: client.CustomObjectsApi,
     audit_log: Path,
 ) -> None:
-    """Two write slots in all; grant A's writes are throttled (its namespaces only), B's are
-    not. A's refused writes sleep on their Retry-After without holding a slot, so B's whole
-    fan-out lands while A's first reconcile is still retrying its refused writes."""
+    """Two write slots in all; grant A's writes are throttled (its namespaces only, the level's
+    one seat kept busy), B's are not. A's refused writes sleep on their Retry-After without
+    holding a slot, so B's whole fan-out lands while A's first reconcile still has most of its
+    retries ahead (a writer that slept holding its slots would make B wait behind them)."""
     src = make_namespace()
     throttled = [make_namespace() for _ in range(COPIES)]
     free = [make_namespace() for _ in range(20)]
@@ -252,20 +283,29 @@ def test_a_throttled_grant_holds_up_no_other_grants_fan_out(
     )
     started = datetime.now(UTC)
     ctl: ControllerProcess = start_controller("--write-concurrency=2", kubeconfig=kubeconfig)
-    a = k8s.grant((src, "hub"), namespaces=throttled)
-    eventually(
-        lambda: ctl.metric("projector_api_requests_total", code="429") > 0,
-        timeout=60,
-        message="no write of grant A was answered 429",
-    )
-    b = k8s.grant((src, "hub"), namespaces=free, target_name="hub-b")
-    eventually(
-        lambda: k8s.observed(b)["targets"]["projected"] == len(free),
-        timeout=60,
-        message="grant B's fan-out never finished",
-    )
-    # B is done, and A's first reconcile has not even ended: its writes are still retrying.
-    assert ctl.reconciled(a) == 0, "B's fan-out waited for A's throttled writes"
+    with seat_kept_busy(kubeconfig, throttled[0]):
+        a = k8s.grant((src, "hub"), namespaces=throttled)
+        eventually(
+            lambda: ctl.metric("projector_api_requests_total", code="429") >= 2,
+            timeout=60,
+            message="grant A's writes were not answered 429",
+        )
+        b = k8s.grant((src, "hub"), namespaces=free, target_name="hub-b")
+        eventually(
+            lambda: k8s.observed(b)["targets"]["projected"] == len(free),
+            timeout=120,
+            message="grant B's fan-out never finished",
+        )
+        # B is done while A's first reconcile still has most of its tries ahead of it: each
+        # of A's writes gets 4, and a writer that slept holding its slots would have made B
+        # wait behind nearly all of them (the audit log counts A's tries so far).
+        a_tries = [
+            w
+            for w in audit_writes(audit_log, started)
+            if w.namespace in throttled and w.agent.startswith("projector/")
+        ]
+        assert ctl.reconciled(a) == 0, "A's first reconcile ended before B's fan-out"
+        assert len(a_tries) < 2 * COPIES, f"B waited behind {len(a_tries)} tries of A"
     assert all(k8s.copy_data(ns, "hub-b") == DATA for ns in free)
 
     custom_objects.delete_cluster_custom_object(*FLOWCONTROL, "flowschemas", name)
