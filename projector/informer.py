@@ -3,8 +3,16 @@
 The reflector loop is client-go's: LIST (page by page), then WATCH from the list's
 resourceVersion with bookmarks and a server timeout; a watch that ends normally resumes from
 the last resourceVersion seen; a 410 Gone relists and turns what vanished into deletions; any
-other failure backs off (0.8 s doubling to 30 s) and retries. A client read deadline turns a
-silently stalled connection into an error, so a watch can never hang unnoticed.
+other API failure backs off and retries, forever, by a tenacity policy (0.8 s doubling to 30 s,
+jittered, each retry logged; the backoff starts over once the server answers again). A client
+read deadline turns a silently stalled connection into an error, so a watch can never hang
+unnoticed.
+
+An object that cannot be parsed is skipped with a log line that says why (field and message,
+never a value). A DELETED event removes the cached key even when the rest of the object does
+not parse: the server says it is gone. An object of a list, or a MODIFIED event, that does not
+parse keeps what the cache knew of it: it still exists, and a cache that dropped it would
+report it as deleted.
 
 The cache's `healthy` is cleared whenever it may be behind the server (before the first list,
 while relisting, after a broken watch) and set again once a list or watch succeeds; the
@@ -15,7 +23,6 @@ leave a change unseen.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import random
 import time
@@ -23,6 +30,13 @@ from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 import structlog
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_never,
+    wait_exponential_jitter,
+)
 
 from projector.api import Api, Obj
 from projector.errors import ApiError, Gone
@@ -57,6 +71,7 @@ class Informer(Generic[K, T]):
         self.resource_version = ""
         self.failing_since: float | None = None
         """Monotonic time since which every list or watch has failed (None: it works)."""
+        self._need_list = True
 
     @property
     def name(self) -> str:
@@ -83,8 +98,10 @@ class Informer(Generic[K, T]):
         async with contextlib.aclosing(pages):
             async for page, version in pages:
                 rv = version
-                for k, new in self.spec.entries(page):
-                    seen.add(k)
+                for k, new in self.spec.keyed(page):
+                    seen.add(k)  # it exists: even unparseable, it is not deleted
+                    if new is None:
+                        continue
                     old = self.cache.put(k, new)
                     if old != new:
                         self._event("ADDED" if old is None else "MODIFIED")
@@ -95,30 +112,79 @@ class Informer(Generic[K, T]):
         self._event("RELIST")
 
     def _apply(self, kind: str, obj: Obj) -> None:
-        parsed = self.spec.entry(obj)
-        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        meta = obj.get("metadata") or {}
+        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
         if rv:
             self.resource_version = str(rv)
-        if parsed is None:
+        k = self.spec.key_of(obj)
+        if k is None:
+            return
+        if kind == "DELETED":  # gone on the server: only its key matters
+            self._event(kind)
+            self.cache.pop(k)
+            return
+        new = self.spec.value_of(obj)
+        if new is None:
             return
         self._event(kind)
-        k, new = parsed
-        if kind == "DELETED":
-            self.cache.pop(k)
-        else:
-            self.cache.put(k, new)
+        self.cache.put(k, new)
+
+    def _retrying(self) -> AsyncRetrying:
+        """The policy of list and watch failures: retry API errors forever, with backoff.
+
+        Exponential from `backoff[0]` to `backoff[1]` with jitter; a Gone never gets here (it
+        relists at once), and anything but an `ApiError` (a bug in the store's indexes) ends the
+        informer, loudly.
+        """
+        initial, maximum = self._backoff
+        return AsyncRetrying(
+            stop=stop_never,
+            wait=wait_exponential_jitter(multiplier=initial, max=maximum, jitter=initial),
+            retry=retry_if_exception_type(ApiError),
+            before_sleep=self._failed,
+            reraise=True,
+        )
+
+    def _failed(self, state: RetryCallState) -> None:
+        """Before a retry's sleep: the cache may be behind now; say so and why."""
+        self.cache.healthy.clear()
+        if self.failing_since is None:
+            self.failing_since = time.monotonic()
+        error = state.outcome.exception() if state.outcome is not None else None
+        log.warning(
+            "watch failed; retrying",
+            kind=self.name,
+            status=getattr(error, "status", None),
+            reason=getattr(error, "reason", ""),
+            attempt=state.attempt_number,
+            retry_in=round(state.upcoming_sleep, 2),
+        )
+        self._event("ERROR")
 
     async def run(self) -> None:
         """Keep the cache current until cancelled."""
-        delay = 0.0
-        need_list = True
+        self._need_list = True
+        async for attempt in self._retrying():
+            with attempt:
+                await self._follow(attempt.retry_state)
+
+    async def _follow(self, state: RetryCallState) -> None:
+        """List if needed, then watch, watch after watch; return only by raising.
+
+        Any word from the server starts the backoff over (`state.attempt_number = 1`), so a
+        failure after a working watch waits the first delay, not the last one.
+        """
         healthy = self.cache.healthy
         while True:
+            if not self.resource_version:
+                self._need_list = True  # nothing to resume from
             try:
-                if need_list:
+                if self._need_list:
                     healthy.clear()
                     await self._relist()
-                    need_list = False
+                    self._need_list = False
+                    state.attempt_number = 1
+                    self.failing_since = None
                     self.cache.synced.set()
                     healthy.set()
                 events = self.api.watch(
@@ -132,7 +198,7 @@ class Informer(Generic[K, T]):
                 async with contextlib.aclosing(events):  # its connection closes with the loop
                     async for kind, obj in events:
                         healthy.set()
-                        delay = 0.0
+                        state.attempt_number = 1
                         self.failing_since = None
                         if kind == "OPEN":
                             self._event("OPEN")  # a sign of life: the server accepted the watch
@@ -148,20 +214,4 @@ class Informer(Generic[K, T]):
                 self._event("WATCH_RESTART")
             except Gone:
                 log.info("watch expired; relisting", kind=self.name)
-                need_list = True
-            except ApiError as e:
-                healthy.clear()
-                if self.failing_since is None:
-                    self.failing_since = time.monotonic()
-                delay = min(self._backoff[1], max(self._backoff[0], delay * 2))
-                log.warning(
-                    "watch failed; retrying",
-                    kind=self.name,
-                    status=e.status,
-                    reason=e.reason,
-                    retry_in=round(delay, 2),
-                )
-                self._event("ERROR")
-                await asyncio.sleep(delay)
-                if not self.resource_version:
-                    need_list = True
+                self._need_list = True

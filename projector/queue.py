@@ -194,6 +194,19 @@ class WorkQueue(Generic[K]):
             return
         self._release(key)
 
+    def add_idle(self, key: K) -> bool:
+        """Add ``key`` now only if it is idle (not waiting, dirty or processing); tell if it was.
+
+        For a periodic resync: a key with a run pending gets it anyway, and a key backing off
+        keeps its backoff.
+        """
+        if self._shutting_down or key in self._dirty or key in self._processing:
+            return False
+        if key in self._pending:
+            return False
+        self._release(key)
+        return True
+
     def add_after(self, key: K, delay: float) -> None:
         """Add ``key`` in ``delay`` seconds; a key already waiting only ever moves earlier."""
         if self._absorbed(key):
