@@ -40,7 +40,7 @@ from tests.launcher import REPO, ControllerProcess
 
 def start(kubeconfig: Path, log: Path, profile: Path | None, *flags: str) -> ControllerProcess:
     port = free_port()
-    prof = ["-m", "pyinstrument", "-r", "text", "--show-all", "-o", str(profile)] if profile else []
+    prof = ["-m", "pyinstrument", "-r", "text", "-o", str(profile)] if profile else []
     args = [sys.executable, *prof, "-m", "projector", "run", f"--kubeconfig={kubeconfig}"]
     args += [
         f"--http-port={port}",
