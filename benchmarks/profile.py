@@ -18,7 +18,9 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+from benchmarks.common import summary, write_result
 from benchmarks.e2e import EXPORT_ALL, MANAGED, cpu_when_quiet
 from benchmarks.floor import observer
 from benchmarks.harness import (
@@ -98,21 +100,50 @@ async def one(
     return per_write
 
 
+def call_tree(text: str) -> list[str]:
+    """pyinstrument's tree from the event loop's handles down (start-up imports left out)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if "Handle._run" in line), 0)
+    end = next((i for i, line in enumerate(lines) if "<module>  projector/app.py" in line), None)
+    return [line.rstrip() for line in lines[start:end]]
+
+
 async def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("sizes", nargs="+", type=int)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--profile", action="store_true")
+    p.add_argument("--profile", action="store_true", help="then one profiled run, largest size")
     p.add_argument("--flag", action="append", default=[], help="a flag of `projector run`")
     p.add_argument("--kubeconfig", type=Path, default=REPO / ".local/kubeconfig")
     p.add_argument("--out", type=Path, default=REPO / ".local/profile")
+    p.add_argument("--results", type=Path, help="write cpu-per-write.json there")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    systems: dict[str, Any] = {}
     for n in args.sizes:
-        ms = await one(args.kubeconfig, args.out, n, args.rounds, args.profile, args.flag)
-        ms.sort()
-        each = [round(x, 3) for x in ms]
-        print(f"1 -> {n}: CPU per write {ms[len(ms) // 2]:.3f} ms median of {each}")
+        ms = await one(args.kubeconfig, args.out, n, args.rounds, False, args.flag)
+        systems[f"projector 1 -> {n}"] = {"client_cpu_per_write": summary(ms, "ms")}
+        print(f"1 -> {n}: CPU per write {summary(ms, 'ms')}")
+    tree: list[str] = []
+    if args.profile:
+        n = max(args.sizes)
+        ms = await one(args.kubeconfig, args.out, n, args.rounds, True, args.flag)
+        systems[f"projector 1 -> {n} under pyinstrument"] = {
+            "client_cpu_per_write": summary(ms, "ms")
+        }
+        tree = call_tree((args.out / f"profile-{n}.txt").read_text())
+        print("\n".join(tree))
+    if args.results:
+        small, large = min(args.sizes), max(args.sizes)
+        cpu = {k: v["client_cpu_per_write"]["median"] for k, v in systems.items()}
+        ratios = {
+            f"CPU per write, 1 -> {large} / 1 -> {small} p50": cpu[f"projector 1 -> {large}"]
+            / cpu[f"projector 1 -> {small}"]
+        }
+        params = {"rounds": args.rounds, "flags": args.flag, "method": "benchmarks.profile"}
+        write_result(
+            "cpu-per-write", params, systems, ratios, out=args.results, extra={"profile": tree}
+        )
 
 
 if __name__ == "__main__":
