@@ -1,4 +1,4 @@
-"""Settings of `projector run`, from flags with environment fallbacks (DESIGN §7)."""
+"""Settings of `projector run`, from flags with environment fallbacks (README, "The controller")."""
 
 from __future__ import annotations
 

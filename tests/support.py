@@ -354,6 +354,16 @@ class Cluster:
             if e.status != 404:
                 raise
 
+    def grant_gone(self, name: str) -> bool:
+        """The API server answers 404 for the grant: deleted (and no finalizer held it)."""
+        try:
+            self.get_grant(name)
+        except client.ApiException as e:
+            if e.status == 404:
+                return True
+            raise
+        return False
+
     def status(self, name: str) -> dict[str, Any]:
         return self.get_grant(name).get("status") or {}
 

@@ -485,21 +485,6 @@ async def test_shut_down_still_hands_out_ready_and_re_added_keys() -> None:
         await queue.get()
 
 
-async def test_drain_waits_until_nothing_is_processing() -> None:
-    queue, _, _ = make()
-    await asyncio.wait_for(queue.drain(), 1)  # idle: returns at once
-    queue.add("a")
-    queue.add("b")
-    a, b = await queue.get(), await queue.get()
-    drain = asyncio.create_task(queue.drain())
-    await asyncio.sleep(0)
-    queue.done(a)
-    await asyncio.sleep(0)
-    assert not drain.done()
-    queue.done(b)
-    await asyncio.wait_for(drain, 1)
-
-
 # -- stateful property test against a model -------------------------------------------------------
 
 KEYS = st.sampled_from(["a", "b"])  # few keys: most operations interact
