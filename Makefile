@@ -113,3 +113,4 @@ clean: ## remove local state (the binary cache outside the repo is kept)
 	rm -rf .local/cluster .local/kubeconfig
 
 include mk/cluster.mk
+include mk/node.mk

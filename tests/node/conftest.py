@@ -1,0 +1,60 @@
+"""The node tier's fixtures: one real node (containerd + kubelet + runc) per session.
+
+The node joins the session's control plane (tests/conftest.py) with its own identity. It needs
+root and Debian's runc and CNI plugins (``make node-packages``); where they are missing every
+node test skips, naming what is missing. Only one node can run on a machine at a time: a node of
+``make node-up`` makes the session fail with that reason instead of fighting over the cgroups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.controlplane.plane import ControlPlane
+from tests.node.images import import_busybox_image
+from tests.node.node import HostSnapshot, Node, ensure_node_binaries, missing_prerequisites
+
+BEFORE = pytest.StashKey[HostSnapshot]()
+
+
+@pytest.fixture(scope="session")
+def node_binaries() -> Path:
+    """containerd, its shim, ctr and the pause binary (built once, cached)."""
+    reason = missing_prerequisites()
+    if reason is not None:
+        pytest.skip(reason)
+    return ensure_node_binaries()
+
+
+@pytest.fixture(scope="session")
+def node(
+    control_plane: ControlPlane,
+    binaries: Path,
+    node_binaries: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    pytestconfig: pytest.Config,
+) -> Iterator[Node]:
+    """A Ready node for the session; the host as it was before is in pytestconfig.stash."""
+    root = tmp_path_factory.mktemp("node")
+    pytestconfig.stash[BEFORE] = HostSnapshot.take(root)
+    node = Node(root, control_plane, binaries, node_binaries, die_with_parent=True)
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture(scope="session")
+def host_before(node: Node, pytestconfig: pytest.Config) -> HostSnapshot:
+    """The host's state taken before the session's node started."""
+    return pytestconfig.stash[BEFORE]
+
+
+@pytest.fixture(scope="session")
+def busybox(node: Node) -> str:
+    """The name of a busybox image imported into the node."""
+    return import_busybox_image(node)
