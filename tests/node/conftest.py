@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 
 from tests.controlplane.plane import ControlPlane
 from tests.node.images import import_busybox_image
@@ -58,3 +59,20 @@ def host_before(node: Node, pytestconfig: pytest.Config) -> HostSnapshot:
 def busybox(node: Node) -> str:
     """The name of a busybox image imported into the node."""
     return import_busybox_image(node)
+
+
+# The integration tier's controller fixtures: `projector run` on the host with the shipped RBAC,
+# its logs and metrics scanned for canaries when it stops.
+from tests.integration.conftest import (  # noqa: E402, F401
+    canaries,
+    controller,
+    k8s,
+    projector_kubeconfig,
+    start_controller,
+)
+
+
+@pytest.fixture(scope="session")
+def apps_v1(admin_client: client.ApiClient) -> client.AppsV1Api:
+    """Admin AppsV1Api (Deployments)."""
+    return client.AppsV1Api(admin_client)

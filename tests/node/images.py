@@ -46,7 +46,10 @@ BUSYBOX_IMAGE = "localhost/busybox:local"
 BUSYBOX = Path("/bin/busybox")
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 DEBIAN_SUITE = "bookworm"
-BASE_PACKAGES = "python3,python3-pip,python3-venv,python-is-python3,ca-certificates"
+# Debian's python3-pip would be a dpkg-owned pip that `pip uninstall` refuses to remove (no
+# RECORD), so the Dockerfile's final-stage uninstall would silently keep it: the base gets pip
+# from Debian's pip wheel, installed *by pip* (as in the official python images), instead.
+BASE_PACKAGES = "python3,python3-pip-whl,python-is-python3,ca-certificates"
 EXTERNALLY_MANAGED = "usr/lib/python3.11/EXTERNALLY-MANAGED"
 BUSYBOX_APPLETS = ("sh", "cat", "sleep", "echo", "ls", "date", "env", "test", "touch", "id")
 
@@ -225,7 +228,9 @@ def buildah(*args: str, timeout: float = 900) -> str:
         timeout=timeout,
     )
     if result.returncode != 0:
-        raise ImageError(f"buildah {' '.join(args)}: exit {result.returncode}: {result.stderr[-2000:]}")
+        raise ImageError(
+            f"buildah {' '.join(args)}: exit {result.returncode}: {result.stderr[-2000:]}"
+        )
     return result.stdout
 
 
@@ -275,9 +280,36 @@ def build_python_base(force: bool = False) -> str:
         timeout=1200,
     )
     if result.returncode != 0:
-        raise ImageError(f"debootstrap: exit {result.returncode}: {result.stdout[-1500:]}{result.stderr[-1500:]}")
+        raise ImageError(
+            f"debootstrap: exit {result.returncode}: {result.stdout[-1500:]}{result.stderr[-1500:]}"
+        )
     try:
         (rootfs / EXTERNALLY_MANAGED).unlink(missing_ok=True)
+        wheels = sorted((rootfs / "usr/share/python-wheels").glob("pip-*.whl"))
+        if not wheels:
+            raise ImageError("debootstrap's rootfs has no pip wheel (python3-pip-whl)")
+        wheel = f"/usr/share/python-wheels/{wheels[-1].name}"
+        pip = subprocess.run(
+            [
+                "chroot",
+                str(rootfs),
+                "python3",
+                f"{wheel}/pip",
+                "install",
+                "--no-index",
+                "--no-cache-dir",
+                "--disable-pip-version-check",
+                "-q",
+                wheel,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+        )
+        if pip.returncode != 0:
+            raise ImageError(f"installing pip into the base: {pip.stderr[-1500:]}")
+        shutil.rmtree(rootfs / "usr/share/python-wheels", ignore_errors=True)
         shutil.copyfile(HOST_CA_BUNDLE, rootfs / "etc/ssl/certs/ca-certificates.crt")
         for trim in ("var/cache/apt", "var/lib/apt/lists", "usr/share/doc", "usr/share/man"):
             shutil.rmtree(rootfs / trim, ignore_errors=True)
@@ -342,7 +374,11 @@ def build_projector_image(name: str = PROJECTOR_IMAGE) -> BuiltImage:
     return BuiltImage(name, archive, seconds, _image_size(name), archive.stat().st_size)
 
 
+UNITS = {"B": 1, "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+
+
 def _image_size(name: str) -> int:
-    out = buildah("images", "--json", name)
-    images = json.loads(out)
-    return int(images[0].get("size", 0)) if images else 0
+    """The unpacked size buildah reports ("308 MB": decimal units), in bytes."""
+    images = json.loads(buildah("images", "--json", name))
+    number, _, unit = str(images[0]["size"]).partition(" ")
+    return int(float(number) * UNITS[unit])

@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import Any, cast
 import yaml
 
 from tests.controlplane.plane import (
+    REPO_ROOT,
     ControlPlane,
     ControlPlaneError,
     Process,
@@ -51,7 +53,10 @@ PAUSE_IMAGE = f"localhost/pause:{KUBE_VERSION}"
 RUNC = "/usr/sbin/runc"
 CNI_BIN_DIR = "/usr/lib/cni"
 NODE_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "pause")
-CONTAINERD, KUBELET = "containerd", "kubelet"
+CONTAINERD, KUBELET, API_PROXY = "containerd", "kubelet", "api-proxy"
+# Inside each pod's network namespace, the API server answers on 127.0.0.1:API_PROXY_PORT
+# (tests/node/apiproxy.py): pods set KUBERNETES_SERVICE_HOST/PORT to it.
+API_PROXY_PORT = 443
 STATE_FILE = "node.json"
 HOST_STATE_FILE = "host-state.json"
 K8S_NAMESPACE = "k8s.io"  # containerd's namespace for the CRI's images and containers
@@ -385,6 +390,20 @@ class Node:
         self._wait(CONTAINERD, lambda: self.ctr("version", check=False).returncode == 0)
         from tests.node.images import import_pause_image  # images needs ctr, so after containerd
 
+        api_port = self.plane.server.rsplit(":", 1)[1]
+        self._spawn(
+            API_PROXY,
+            Path(sys.executable),
+            [
+                "-m",
+                "tests.node.apiproxy",
+                f"--root={self.root}",
+                f"--target=127.0.0.1:{api_port}",
+                f"--port={API_PROXY_PORT}",
+            ],
+            {"PYTHONPATH": str(REPO_ROOT)},
+        )
+
         import_pause_image(self)
 
         port, healthz_port = free_ports(2)
@@ -419,7 +438,7 @@ class Node:
     def running(self) -> bool:
         """Both processes alive and the Node Ready."""
         return (
-            set(self.processes) == {CONTAINERD, KUBELET}
+            set(self.processes) == {CONTAINERD, KUBELET, API_PROXY}
             and all(p.alive() for p in self.processes.values())
             and self.ready()
         )
@@ -430,6 +449,8 @@ class Node:
             if KUBELET in self.processes:
                 stop_processes([self.processes[KUBELET]])
             self._kill_pods()
+            if API_PROXY in self.processes:
+                stop_processes([self.processes[API_PROXY]])
             shims = [pid for pid, cmd in processes_under(self.root) if "containerd-shim" in cmd]
             for pid in shims:
                 with contextlib.suppress(ProcessLookupError):
