@@ -15,7 +15,15 @@ import pytest
 from kubernetes import client
 
 from tests.controlplane.plane import ControlPlane
-from tests.node.images import import_busybox_image
+from tests.helm import chart
+from tests.node.images import (
+    BuiltImage,
+    build_projector_image,
+    import_archive,
+    import_busybox_image,
+)
+from tests.node.release import Release
+from tests.support import Canaries, Cluster, NamespaceFactory, api_client
 from tests.node.node import HostSnapshot, Node, ensure_node_binaries, missing_prerequisites
 
 BEFORE = pytest.StashKey[HostSnapshot]()
@@ -61,18 +69,58 @@ def busybox(node: Node) -> str:
     return import_busybox_image(node)
 
 
-# The integration tier's controller fixtures: `projector run` on the host with the shipped RBAC,
-# its logs and metrics scanned for canaries when it stops.
-from tests.integration.conftest import (  # noqa: E402, F401
-    canaries,
-    controller,
-    k8s,
-    projector_kubeconfig,
-    start_controller,
-)
-
-
 @pytest.fixture(scope="session")
 def apps_v1(admin_client: client.ApiClient) -> client.AppsV1Api:
     """Admin AppsV1Api (Deployments)."""
     return client.AppsV1Api(admin_client)
+
+
+@pytest.fixture
+def canaries() -> Canaries:
+    """Secret values this test planted."""
+    return Canaries()
+
+
+@pytest.fixture
+def k8s(
+    core_v1: client.CoreV1Api,
+    custom_objects: client.CustomObjectsApi,
+    canaries: Canaries,
+    request: pytest.FixtureRequest,
+    make_namespace: NamespaceFactory,
+) -> Iterator[Cluster]:
+    """The test's view of the cluster; its grants are scanned for canaries and deleted after."""
+    c = Cluster(core_v1, custom_objects, canaries, request.node.name)
+    yield c
+    try:
+        c.scan()
+    finally:
+        c.cleanup()
+
+
+@pytest.fixture(scope="session")
+def projector_image(node: Node) -> BuiltImage:
+    """``localhost/projector:dev`` built from the Dockerfile by buildah, imported into the node."""
+    image = build_projector_image()
+    import_archive(node, image.archive)
+    return image
+
+
+@pytest.fixture(scope="session")
+def helm_bin() -> Path:
+    """helm, built from its Go module (cached)."""
+    return chart.helm_binary()
+
+
+@pytest.fixture(scope="session")
+def release(
+    node: Node, projector_image: BuiltImage, helm_bin: Path, control_plane: ControlPlane
+) -> Iterator[Release]:
+    """The chart installed as the docs say, with ci/node-values.yaml, both replicas Ready."""
+    rel = Release(helm_bin, control_plane.kubeconfig, api_client(control_plane.kubeconfig))
+    rel.install()
+    try:
+        yield rel
+    finally:
+        rel.uninstall()
+        rel.api.close()
