@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from tests.controlplane.__main__ import DEFAULT_KUBECONFIG, DEFAULT_ROOT
 from tests.controlplane.__main__ import _up as plane_up

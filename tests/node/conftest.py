@@ -22,9 +22,9 @@ from tests.node.images import (
     import_archive,
     import_busybox_image,
 )
+from tests.node.node import HostSnapshot, Node, ensure_node_binaries, missing_prerequisites
 from tests.node.release import Release
 from tests.support import Canaries, Cluster, NamespaceFactory, api_client
-from tests.node.node import HostSnapshot, Node, ensure_node_binaries, missing_prerequisites
 
 BEFORE = pytest.StashKey[HostSnapshot]()
 

@@ -1,8 +1,9 @@
 """Consumer pods read their copies: the users' own words, "reading projected Secrets from pods".
 
-A consumer Deployment mounts the projected Secret as a volume and takes one key as an env var;
-its container prints both (as SHA-256 digests: a pod log is no place for a Secret's value) and
-the test reads them from the pod's log through the API server (pods/log -> the kubelet).
+The chart's own pods project (the ``release`` fixture installs them). A consumer Deployment
+mounts the projected Secret as a volume and takes one key as an env var; its container prints
+both (as SHA-256 digests: a pod log is no place for a Secret's value) and the test reads them
+from the pod's log through the API server (pods/log -> the kubelet).
 
 After the producer rotates the source, the copy changes, the kubelet rewrites the mounted file
 (within its syncFrequency, 100ms on the test node; Kubernetes' default 1m gives 60-90 s) and the
@@ -16,8 +17,8 @@ import re
 
 from kubernetes import client
 
-from tests.launcher import ControllerProcess
 from tests.node.node import Node
+from tests.node.release import Release
 from tests.support import Cluster, NamespaceFactory, eventually
 
 READER = (
@@ -79,7 +80,7 @@ def test_a_consumer_pod_reads_its_copy_as_a_file_and_an_env_var_and_only_the_fil
     node: Node,
     k8s: Cluster,
     make_namespace: NamespaceFactory,
-    controller: ControllerProcess,
+    release: Release,
     core_v1: client.CoreV1Api,
     apps_v1: client.AppsV1Api,
     busybox: str,

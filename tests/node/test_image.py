@@ -21,9 +21,7 @@ import yaml
 from kubernetes import client
 
 from tests.helm import chart
-from tests.node.images import buildah
-
-from tests.node.images import BuiltImage
+from tests.node.images import BuiltImage, buildah
 from tests.node.node import Node
 from tests.support import eventually
 
