@@ -479,7 +479,7 @@ class Node:
         """SIGKILL every process in the kubelet's and containerd's cgroups until none is left."""
         deadline = time.monotonic() + 15
         while True:
-            pids = set()
+            pids: set[int] = set()
             for cgroup in node_cgroups():
                 with contextlib.suppress(OSError):
                     pids.update(int(p) for p in (cgroup / "cgroup.procs").read_text().split())

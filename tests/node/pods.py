@@ -39,8 +39,9 @@ def run_pod(
 
 def pod_log(core: client.CoreV1Api, namespace: str, name: str, container: str | None = None) -> str:
     """The container's log, read through the API server (pods/log -> the kubelet)."""
-    kwargs = {"container": container} if container else {}
-    return str(core.read_namespaced_pod_log(name, namespace, **kwargs))
+    if container is None:
+        return str(core.read_namespaced_pod_log(name, namespace))
+    return str(core.read_namespaced_pod_log(name, namespace, container=container))
 
 
 def delete_pod(core: client.CoreV1Api, namespace: str, name: str) -> None:

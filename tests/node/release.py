@@ -99,5 +99,6 @@ class Release:
     def logs(self) -> str:
         """Every current pod's log, read through the API (pods/log)."""
         return "\n".join(
-            str(self.core.read_namespaced_pod_log(p.metadata.name, NAMESPACE)) for p in self.pods()
+            str(self.core.read_namespaced_pod_log(str(p.metadata.name), NAMESPACE))
+            for p in self.pods()
         )

@@ -72,7 +72,7 @@ def test_the_image_runs_as_65532_on_a_read_only_root_without_installers(
         },
     }
     assert values["securityContext"]["readOnlyRootFilesystem"] is True
-    core_v1.create_namespaced_pod(namespace, pod)
+    core_v1.create_namespaced_pod(namespace, pod)  # type: ignore[arg-type]  # a manifest dict
 
     def probe() -> dict[str, object]:
         assert core_v1.read_namespaced_pod("image-probe", namespace).status.phase == "Succeeded"
