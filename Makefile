@@ -113,8 +113,9 @@ bench-quick: install binaries .local/prod-venv/.synced ## the same benchmarks at
 	$(PY) -m benchmarks.report --results benchmarks/results-quick --target benchmarks/results-quick/benchmarks.md
 
 clean: ## remove local state (the binary cache outside the repo is kept)
+	-$(PY) -m tests.node down
 	-$(PY) -m tests.controlplane down
-	rm -rf .local/cluster .local/kubeconfig
+	rm -rf .local/cluster .local/kubeconfig .local/node .local/node.env .local/images .local/buildah
 
 include mk/cluster.mk
 include mk/node.mk

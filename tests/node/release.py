@@ -10,15 +10,19 @@ from kubernetes import client
 from tests.helm import chart
 from tests.support import eventually
 
-NAMESPACE = "projector-system"
-RELEASE = "projector"
+# The docs' install is `helm install projector ... -n projector-system` (what `make node-up`
+# users type, on a fresh cluster). The node tier shares the session's control plane with the
+# integration tier, whose fixtures install deploy/rbac (ServiceAccount, ClusterRole, ... all
+# named `projector`), so the chart here is its own release, under names that cannot collide.
+NAMESPACE = "projector-node"
+RELEASE = "projector-node"
 NODE_VALUES = chart.CHART / "ci" / "node-values.yaml"
 SELECTOR = f"app.kubernetes.io/instance={RELEASE}"
 LEASE = "projector-leader"
 
 
 class Release:
-    """``helm install projector deploy/helm/projector -n projector-system --create-namespace
+    """``helm install RELEASE deploy/helm/projector -n NAMESPACE --create-namespace
     -f deploy/helm/projector/ci/node-values.yaml``, and what tests ask of it."""
 
     def __init__(self, helm_bin: Path, kubeconfig: Path, api: client.ApiClient) -> None:
