@@ -115,7 +115,7 @@ bench-quick: install binaries .local/prod-venv/.synced ## the same benchmarks at
 clean: ## remove local state (the binary cache outside the repo is kept)
 	-$(PY) -m tests.node down
 	-$(PY) -m tests.controlplane down
-	rm -rf .local/cluster .local/kubeconfig .local/node .local/node.env .local/images .local/buildah
+	rm -rf .local/cluster .local/kubeconfig .local/node .local/node.env .local/images
 
 include mk/cluster.mk
 include mk/node.mk
