@@ -48,8 +48,9 @@ def node(
 ) -> Iterator[Node]:
     """A Ready node for the session; the host as it was before is in pytestconfig.stash."""
     root = tmp_path_factory.mktemp("node")
-    pytestconfig.stash[BEFORE] = HostSnapshot.take(root)
     node = Node(root, control_plane, binaries, node_binaries, die_with_parent=True)
+    node.claim()
+    pytestconfig.stash[BEFORE] = HostSnapshot.take(root)
     node.start()
     try:
         yield node

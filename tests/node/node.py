@@ -594,6 +594,11 @@ class Node:
         logs = "\n".join(f"--- {p.log}:\n{tail(p.log)}" for p in self.processes.values())
         raise NodeError(f"{what} not reached after {self.start_timeout:.0f}s\n{logs}")
 
+    def claim(self) -> None:
+        """Take the machine's one node slot now (start() does too): a dead node's leftovers are
+        cleaned first, so a snapshot taken after this is of the host as it should be."""
+        self._take_lock()
+
     def _take_lock(self) -> None:
         """Claim the machine's one node slot (an owner file in the binary cache, written under
         a flock): refused while a node under another root still has a live process."""
@@ -609,6 +614,10 @@ class Node:
                         f"another node runs on this machine (root {owner}); only one can: "
                         f"stop it first (`make node-down` stops the one under .local/node)"
                     )
+                if other is not None and (owner / HOST_STATE_FILE).exists():
+                    # A node whose process died without stop() (a killed pytest): put the
+                    # host back from its record before anything is measured or started.
+                    other.stop()
             path.write_text(json.dumps({"root": str(self.root), "pid": os.getpid()}) + "\n")
 
     def _release_lock(self) -> None:
