@@ -1,11 +1,12 @@
 """The latency users feel: source Secret written -> new value read inside a running pod.
 
 On a real node (tests/node: kubelet + containerd + runc) joined to a fresh local control plane,
-a consumer pod mounts the copy as a volume. For each rotation, t0 is just before the write of
-the source; t1 is when the new value is read from the file *inside the running container*
-(through ``/proc/<container pid>/root``: the container's own mount namespace, the file the
-process in it reads). projector and projection run side by side on the same node, one after
-the other, against the same control plane, with the same admin identity.
+a consumer pod mounts the copy as a volume. For each rotation (at a random moment, see
+``rotations``), t0 is just before the write of the source; t1 is when the new value is read
+from the file *inside the running container* (through ``/proc/<container pid>/root``: the
+container's own mount namespace, the file the process in it reads). projector and projection
+run side by side on the same node, one after the other, against the same control plane, with
+the same admin identity.
 
 The kubelet's ``syncFrequency`` bounds how soon it rewrites a Secret volume after the copy
 changed: the test node uses 100ms (``tests.node.node.SYNC_FREQUENCY``); Kubernetes' default 1m
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import random
 import secrets
 import sys
 import tempfile
@@ -40,6 +42,8 @@ from tests.support import api_client, b64, eventually
 
 KEY = "password"
 POLL = 0.002
+METRIC = "source_write_to_file_in_pod"
+JITTER = 1.5  # seconds: longer than the kubelet's pod-sync period (1 s)
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 
@@ -98,7 +102,12 @@ def rotations(
 ) -> list[float]:
     """Write ``count`` new values; for each, seconds until the container's file has it."""
     samples = []
+    rng = random.Random(20261201)
     for _ in range(count):
+        # A random pause before each write (not timed): writing right after the last value
+        # appeared would phase-lock the samples to the kubelet's once-a-second pod sync and
+        # measure that second every time, not what a rotation at an arbitrary moment waits.
+        time.sleep(rng.uniform(0, JITTER))
         value = secrets.token_hex(8)
         t0 = time.monotonic()
         core.patch_namespaced_secret(name, namespace, {"data": {KEY: b64(value)}})
@@ -195,7 +204,8 @@ def run(count: int, out: Path) -> dict[str, Any]:
             )
             eventually(copied(core, "pl-app", "db"), 60, message="projector's copy")
             path = consumer_pod(core, node, "pl-app", "db", image)
-            results["projector"] = summary(rotations(core, "pl-src", "db", path, count), "s")
+            samples = rotations(core, "pl-src", "db", path, count)
+            results["projector"] = {METRIC: summary(samples, "s")}
         finally:
             proc.stop(timeout=30)
 
@@ -204,7 +214,8 @@ def run(count: int, out: Path) -> dict[str, Any]:
         try:
             peer.ensure_built()
         except PeerUnavailable as exc:
-            results["projection"] = {"unavailable": str(exc).splitlines()[-1]}
+            reason = str(exc).splitlines()[-1]
+            results["projection"] = {"unavailable": {"value": reason, "unit": ""}}
         else:
             namespaces(core, "pp-src", "pp-app")
             source(core, "pp-src", "db", "pp-app")
@@ -213,9 +224,11 @@ def run(count: int, out: Path) -> dict[str, Any]:
                 peer.wait_ready(peer_proc)
                 peer.setup_fanout(core, custom, "pp-src", "db", ["pp-app"], timeout=60)
                 path = consumer_pod(core, node, "pp-app", peer.copy_name("db"), image)
-                results["projection"] = summary(rotations(core, "pp-src", "db", path, count), "s")
+                samples = rotations(core, "pp-src", "db", path, count)
+                results["projection"] = {METRIC: summary(samples, "s")}
             except PeerError as exc:
-                results["projection"] = {"failed": str(exc).splitlines()[0]}
+                failed = str(exc).splitlines()[0]
+                results["projection"] = {"failed": {"value": failed, "unit": ""}}
             finally:
                 peer_proc.terminate()
                 peer_proc.wait(30)
@@ -237,8 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
     args = parser.parse_args(argv)
     document = run(int(args.rotations), Path(args.out))
-    for name, s in document["systems"].items():
-        print(f"{name}: {s}")
+    for name, metrics in document["systems"].items():
+        for metric, m in metrics.items():
+            print(
+                f"{name} {metric}: p50 {m.get('median')} p99 {m.get('p99')} ({m.get('value', '')})"
+            )
     print(f"written: {document['path']}")
     return 0
 
