@@ -16,7 +16,13 @@ from tests.controlplane.__main__ import DEFAULT_KUBECONFIG, DEFAULT_ROOT
 from tests.controlplane.__main__ import _up as plane_up
 from tests.controlplane.plane import REPO_ROOT, ControlPlane, ControlPlaneError, ensure_binaries
 from tests.node.images import ImageError, build_projector_image, import_archive
-from tests.node.node import Node, NodeError, ensure_node_binaries, missing_prerequisites
+from tests.node.node import (
+    HOST_STATE_FILE,
+    Node,
+    NodeError,
+    ensure_node_binaries,
+    missing_prerequisites,
+)
 
 NODE_ROOT = REPO_ROOT / ".local" / "node"
 NODE_ENV = REPO_ROOT / ".local" / "node.env"
@@ -71,8 +77,9 @@ def _up() -> int:
 
 def _down() -> int:
     node = Node.load(NODE_ROOT)
-    if node is None:
+    if node is None or (not node.processes and not (NODE_ROOT / HOST_STATE_FILE).exists()):
         print("not running")
+        NODE_ENV.unlink(missing_ok=True)
         return 0
     try:
         node.stop()
