@@ -501,9 +501,10 @@ class Node:
             state = {"sysctls": {}, "paths": {}}
         self._kill_pods()
         errors = []
-        for point in mounts_under(
-            [str(self.root), "/run/containerd", "/run/netns", "/var/lib/kubelet"]
-        ):
+        ours = [str(self.root), "/run/containerd", "/var/lib/kubelet"]
+        # /run/netns may hold other tools' namespaces: only containerd's (cni-<uuid>) are ours.
+        netns = [m for m in mounts_under(["/run/netns"]) if Path(m).name.startswith("cni-")]
+        for point in [*mounts_under(ours), *netns]:
             result = subprocess.run(
                 ["umount", "-l", point], capture_output=True, text=True, check=False
             )
