@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -35,7 +36,18 @@ class Release:
         self.install_seconds = 0.0  # helm install -> both replicas Ready, the last install
 
     def helm(self, *args: str) -> str:
-        return chart.helm(self.helm_bin, *args, env={"KUBECONFIG": str(self.kubeconfig)})
+        """helm against the plane, with its caches (and client-go's discovery cache, under
+        $HOME/.kube) beside the plane's kubeconfig, never in the checkout or the real home."""
+        home = self.kubeconfig.parent / "helm-home"
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "HOME": str(home),
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data"),
+        }
+        return chart.helm(self.helm_bin, *args, env=env)
 
     def install(self, *extra: str, timeout: float = 180) -> None:
         """Install (or upgrade) and return once every replica is Ready by the kubelet's probes."""
