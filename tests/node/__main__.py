@@ -34,6 +34,8 @@ def _env_text(node: Node) -> str:
         f"CONTAINERD_ADDRESS={node.socket}\n"
         f"CONTAINERD_NAMESPACE=k8s.io\n"
         f"KUBECONFIG={DEFAULT_KUBECONFIG}\n"
+        # kubectl's discovery cache, else it lands in $HOME/.kube (outside the project)
+        f"KUBECACHEDIR={REPO_ROOT / '.local' / 'kube-cache'}\n"
         f"CTR={node.node_binaries / 'ctr'}\n"
         f"KUBECTL={node.kube_binaries / 'kubectl'}\n"
     )
