@@ -45,6 +45,7 @@ PYTHON_BASE = "localhost/python:3.11-bookworm-local"
 BUSYBOX_IMAGE = "localhost/busybox:local"
 BUSYBOX = Path("/bin/busybox")
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+SYSTEM_CONTAINERS_DIR = Path("/var/lib/containers")
 DEBIAN_SUITE = "bookworm"
 # Debian's python3-pip would be a dpkg-owned pip that `pip uninstall` refuses to remove (no
 # RECORD), so the Dockerfile's final-stage uninstall would silently keep it: the base gets pip
@@ -219,6 +220,17 @@ def buildah(*args: str, timeout: float = 900) -> str:
     """Run buildah with the project's storage; its stdout, or ImageError with its stderr."""
     if shutil.which("buildah") is None:
         raise ImageError("buildah missing: run `make node-packages`")
+    # As root, containers/image keeps a blob-info cache in /var/lib/containers/cache whatever the
+    # storage configuration says (no flag moves it in this buildah): remove what a call created.
+    created = not SYSTEM_CONTAINERS_DIR.exists()
+    try:
+        return _buildah(args, timeout)
+    finally:
+        if created:
+            shutil.rmtree(SYSTEM_CONTAINERS_DIR, ignore_errors=True)
+
+
+def _buildah(args: Sequence[str], timeout: float) -> str:
     result = subprocess.run(
         ["buildah", *args],
         capture_output=True,

@@ -15,11 +15,14 @@ group right, so it must stay.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from typing import Any
 
 import yaml
 from kubernetes import client
 
+from tests.controlplane.plane import REPO_ROOT
 from tests.helm import chart
 from tests.node.images import BuiltImage, buildah
 from tests.node.node import Node
@@ -86,3 +89,22 @@ def test_the_image_runs_as_65532_on_a_read_only_root_without_installers(
     assert got["pip_module"] is False and got["on_path"] == []
     assert "usage: projector" in str(got["help"])
     assert projector_image.size_bytes < 400e6
+
+
+def test_make_image_builds_with_buildah_where_no_engine_runs(projector_image: BuiltImage) -> None:
+    """`make image` itself (the session's image is already built: this run reuses its layers),
+    and buildah leaves nothing outside .local/ (no /var/lib/containers, no /etc/cni)."""
+    outside = ("/var/lib/containers", "/etc/cni", "/var/lib/cni", "/var/tmp/buildah-cache-0")
+    before = {p: os.path.lexists(p) for p in outside}
+    result = subprocess.run(
+        ["make", "-s", "image", f"IMAGE={projector_image.name}"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    if "with buildah" in result.stdout:  # no Docker or Podman engine runs here
+        assert f"built {projector_image.name}" in result.stdout, result.stdout
+    assert {p: os.path.lexists(p) for p in outside} == before
