@@ -3,7 +3,7 @@
 # root, only the missing ones, so a second run does nothing.
 .PHONY: node-packages node-binaries node-up node-down
 
-NODE_PACKAGES := runc umoci skopeo buildah debootstrap containernetworking-plugins busybox-static gcc libc6-dev iproute2
+NODE_PACKAGES := runc umoci skopeo buildah debootstrap containernetworking-plugins busybox-static gcc libc6-dev iproute2 iptables nftables
 
 node-packages: ## install (only if missing) Debian's runc, umoci, skopeo, buildah, debootstrap, CNI plugins, busybox
 	@missing=$$(for p in $(NODE_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \

@@ -83,6 +83,10 @@ HOST_PATHS = (
     "/run/netns",
     "/etc/kubernetes",
 )
+# What a kubelet with makeIPTablesUtilChains (its default) leaves in iptables; removed on stop
+# when they were not there before (the chains and the jumps to them).
+KUBELET_CHAINS = ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT")
+IPTABLES = ("iptables", "ip6tables")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_NAMES = ("kubepods", "kubepods.slice", "k8s.io")
 SYNC_FREQUENCY = "100ms"  # the kubelet's pod-worker resync: how soon a Secret volume follows
@@ -140,6 +144,74 @@ def mounts_under(prefixes: Sequence[str]) -> list[str]:
     return sorted(set(found), key=lambda p: (-p.count("/"), p))
 
 
+def iptables_rules() -> list[str]:
+    """Every iptables and ip6tables chain and rule, without counters or comments."""
+    lines = []
+    for tool in IPTABLES:
+        if shutil.which(f"{tool}-save") is None:
+            continue
+        out = subprocess.run([f"{tool}-save"], capture_output=True, text=True, check=False).stdout
+        for line in out.splitlines():
+            if line and not line.startswith("#"):
+                lines.append(f"{tool} {line.split(' [')[0] if line.startswith(':') else line}")
+    return lines
+
+
+def remove_kubelet_chains(existed: Sequence[str]) -> list[str]:
+    """Delete the kubelet's chains (and the rules jumping to them) that are not in ``existed``;
+    the errors, if any."""
+    errors = []
+    for line in iptables_rules():
+        tool, _, rule = line.partition(" ")
+        if rule.startswith("-A ") and any(f"-j {c}" in rule for c in KUBELET_CHAINS):
+            if line in existed:
+                continue
+            table = _table_of(tool, rule)
+            args = [tool, "-w", "-t", table, "-D", *rule.split()[1:]]
+            if subprocess.run(args, capture_output=True, check=False).returncode != 0:
+                errors.append(" ".join(args))
+    for line in iptables_rules():
+        tool, _, rule = line.partition(" ")
+        if rule.startswith(":") and rule[1:].split()[0] in KUBELET_CHAINS and line not in existed:
+            chain, table = rule[1:].split()[0], _table_of(tool, rule)
+            for op in ("-F", "-X"):
+                cmd = [tool, "-w", "-t", table, op, chain]
+                if subprocess.run(cmd, capture_output=True, check=False).returncode != 0:
+                    errors.append(" ".join(cmd))
+    # Tables that listing or a canary chain brought into nftables (iptables-nft): remove those
+    # that did not exist before and hold no rule (an empty table with ACCEPT policies is inert).
+    if shutil.which("nft") is not None:
+        current = iptables_rules()
+        for line in current:
+            tool, _, rule = line.partition(" ")
+            if not rule.startswith("*") or line in existed:
+                continue
+            table = rule[1:]
+            rules = [
+                r
+                for r in current
+                if r.startswith(f"{tool} -A ") and _table_of(tool, r.partition(" ")[2]) == table
+            ]
+            if not rules:
+                family = "ip" if tool == "iptables" else "ip6"
+                cmd = ["nft", "delete", "table", family, table]
+                if subprocess.run(cmd, capture_output=True, check=False).returncode != 0:
+                    errors.append(" ".join(cmd))
+    return errors
+
+
+def _table_of(tool: str, rule: str) -> str:
+    """The table a line of ``tool-save`` belongs to (the last ``*table`` before it)."""
+    out = subprocess.run([f"{tool}-save"], capture_output=True, text=True, check=False).stdout
+    table = "filter"
+    for line in out.splitlines():
+        if line.startswith("*"):
+            table = line[1:]
+        elif (line.split(" [")[0] if line.startswith(":") else line) == rule:
+            return table
+    return table
+
+
 def node_cgroups() -> list[Path]:
     """Every cgroup directory the kubelet or containerd made, in every hierarchy, deepest first."""
     found: list[Path] = []
@@ -162,6 +234,7 @@ class HostSnapshot:
     cgroups: list[str]
     processes: list[str]
     links: list[str]
+    iptables: list[str]
 
     @classmethod
     def take(cls, root: Path) -> HostSnapshot:
@@ -174,6 +247,7 @@ class HostSnapshot:
             cgroups=[str(c) for c in node_cgroups()],
             processes=[cmd for _, cmd in processes_under(root)],
             links=sorted(p.name for p in Path("/sys/class/net").iterdir()),
+            iptables=iptables_rules(),
         )
 
 
@@ -308,6 +382,9 @@ def kubelet_config(
         "cgroupsPerQOS": True,
         "enforceNodeAllocatable": ["pods"],
         "maxPods": 30,
+        # Else the kubelet adds KUBE-FIREWALL (a DROP rule on INPUT and OUTPUT), KUBE-IPTABLES-HINT
+        # and KUBE-KUBELET-CANARY chains to the host's iptables, which outlive it.
+        "makeIPTablesUtilChains": False,
     }
 
 
@@ -371,7 +448,11 @@ class Node:
             shutil.rmtree(self.root / name, ignore_errors=True)
         self.logs.mkdir(parents=True)
         snapshot = HostSnapshot.take(self.root)
-        host_state = {"sysctls": snapshot.sysctls, "paths": snapshot.paths}
+        host_state = {
+            "sysctls": snapshot.sysctls,
+            "paths": snapshot.paths,
+            "iptables": snapshot.iptables,
+        }
         (self.root / HOST_STATE_FILE).write_text(json.dumps(host_state, indent=2) + "\n")
 
         (self.root / "containerd").mkdir()
@@ -523,6 +604,7 @@ class Node:
                 pass
             except OSError as exc:
                 errors.append(f"rmdir {cgroup}: {exc}")
+        errors += remove_kubelet_chains(state.get("iptables", []))
         existed: dict[str, bool] = state.get("paths", {})
         for path in HOST_PATHS:
             if not existed.get(path, False) and os.path.lexists(path):
