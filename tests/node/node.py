@@ -119,7 +119,29 @@ def missing_prerequisites() -> str | None:
         return (
             f"{', '.join(missing)} missing: run `make node-packages` (Debian's runc, CNI plugins)"
         )
+    foreign = foreign_kubelets()
+    if foreign:
+        return (
+            f"a kubelet not started by this project runs here (pid {foreign[0]}): "
+            "its pods and cgroups are not ours to touch"
+        )
     return None
+
+
+def foreign_kubelets() -> list[int]:
+    """Pids of kubelets on this machine that are not this project's (not from its cache)."""
+    ours = str(cache_dir())
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            exe = os.readlink(entry / "exe")
+        except OSError:
+            continue
+        if Path(exe).name == "kubelet" and not exe.startswith(ours):
+            found.append(int(entry.name))
+    return found
 
 
 # --- what the node changes on the host ----------------------------------------------------------
@@ -578,8 +600,8 @@ class Node:
         state_path = self.root / HOST_STATE_FILE
         try:
             state = json.loads(state_path.read_text())
-        except (OSError, ValueError):
-            state = {"sysctls": {}, "paths": {}}
+        except (OSError, ValueError):  # unknown what was there: remove no path, set no sysctl
+            state = {"sysctls": {}, "paths": dict.fromkeys(HOST_PATHS, True), "iptables": None}
         self._kill_pods()
         errors = []
         ours = [str(self.root), "/run/containerd", "/var/lib/kubelet"]
@@ -604,7 +626,8 @@ class Node:
                 pass
             except OSError as exc:
                 errors.append(f"rmdir {cgroup}: {exc}")
-        errors += remove_kubelet_chains(state.get("iptables", []))
+        if state.get("iptables") is not None:
+            errors += remove_kubelet_chains(state["iptables"])
         existed: dict[str, bool] = state.get("paths", {})
         for path in HOST_PATHS:
             if not existed.get(path, False) and os.path.lexists(path):

@@ -3,8 +3,8 @@
 The node is stopped with a pod running (so there are mounts, a network namespace, a veth on the
 bridge, cgroups and shims to clean), and the host is compared with the snapshot taken before
 the session's node first started: no process naming the node's root, no mount, cgroup, bridge,
-iptables chain or path outside the root, and every sysctl the kubelet or the bridge plugin set has its old
-value. Then the node starts again for the tests after this one.
+iptables chain or path outside the root, and every sysctl the kubelet or the bridge plugin set
+has its old value. Then the node starts again for the tests after this one.
 """
 
 from __future__ import annotations
