@@ -8,7 +8,7 @@ NODE_PACKAGES := runc umoci skopeo buildah debootstrap containernetworking-plugi
 node-packages: ## install (only if missing) Debian's runc, umoci, skopeo, buildah, debootstrap, CNI plugins, busybox
 	@missing=$$(for p in $(NODE_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" != 0 ]; then echo "make node-packages: missing $$missing; run as root (apt-get)" >&2; exit 1; fi; \
+	  if [ "$$(id -u)" != 0 ]; then echo "make node-packages: not root, cannot install $$missing (apt-get); the node tier will skip, saying so" >&2; exit 0; fi; \
 	  echo "make node-packages: installing $$missing"; \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null \
 	    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null; }; \
