@@ -31,7 +31,7 @@ install: .venv/.synced ## create .venv from the lock file
 	UV_PROJECT_ENVIRONMENT=.local/prod-venv $(UV) sync --frozen --no-dev --quiet
 	touch $@
 
-binaries: ## build (or reuse) etcd, kube-apiserver, kube-controller-manager
+binaries: ## build (or reuse) etcd, kube-apiserver, -controller-manager, -scheduler, kubelet, kubectl
 	tests/controlplane/build.sh >/dev/null
 
 helm: ## build (or reuse) helm from its Go module (tests/helm/build.sh; cold: ~11 min)
@@ -43,24 +43,28 @@ manifests: install helm ## regenerate deploy/install.yaml, deploy/crds, deploy/r
 docs: install ## build the docs site (mkdocs-material, --strict) into .local/site
 	.venv/bin/mkdocs build --strict --site-dir .local/site
 
-# The image recipe needs a running container engine; where none runs, say so and fail (a docker
-# CLI without a daemon counts as none). CONTAINER_ENGINE=podman picks one explicitly.
-IMAGE ?= projector:dev
+# The image: with a running Docker or Podman engine if there is one (a docker CLI without a daemon
+# counts as none), else with buildah, daemonless (`--isolation chroot`), from a local Python base
+# made by debootstrap (no registry needed; tests/node/images.py). buildah's storage and config
+# stay under .local/buildah. When a node runs (`make node-up`), the image is imported into it.
+# CONTAINER_ENGINE=docker|podman|buildah picks one explicitly.
+IMAGE ?= localhost/projector:dev
 CONTAINER_ENGINE ?=
-image: ## build the controller image with Docker or Podman (fails clearly where neither runs)
+image: install ## build the controller image (Docker/Podman if running, else buildah) as $(IMAGE)
 	@engine="$(CONTAINER_ENGINE)"; \
 	if [ -z "$$engine" ]; then \
 	  for e in docker podman; do \
 	    if command -v $$e >/dev/null 2>&1 && timeout 20 $$e info >/dev/null 2>&1; then engine=$$e; break; fi; \
 	  done; \
 	fi; \
-	if [ -z "$$engine" ]; then \
-	  echo "make image: no running Docker or Podman engine on this machine; the image cannot be built here. Run it where one runs (see README, 'The image')." >&2; \
-	  exit 1; \
-	fi; \
-	echo "make image: building $(IMAGE) with $$engine"; \
-	$$engine build -t $(IMAGE) .
-
+	if [ -z "$$engine" ] || [ "$$engine" = buildah ]; then \
+	  $(MAKE) -s node-packages; \
+	  echo "make image: building $(IMAGE) with buildah (no Docker or Podman engine runs here)"; \
+	  $(PY) -m tests.node image --image $(IMAGE); \
+	else \
+	  echo "make image: building $(IMAGE) with $$engine"; \
+	  $$engine build -t $(IMAGE) .; \
+	fi
 
 prometheus: ## build (or reuse) prometheus and promtool from their Go module
 	tests/prometheus/build.sh >/dev/null
@@ -75,7 +79,7 @@ reliability-docs: install binaries ## rerun every fault test (-m fault, the minu
 	PROJECTOR_UPDATE_DOCS=1 PROJECTOR_LONG_FAULTS=1 $(PY) -m pytest -q -m fault tests/integration
 
 
-test: install binaries helm prometheus lint docs ## everything: lint, docs, unit and integration tests (real API server)
+test: install binaries helm prometheus node-binaries lint docs ## everything: lint, docs, unit, integration and node tests (real API server, real node)
 	$(PY) -m pytest
 
 unit: install ## pure tests only, no server
@@ -109,7 +113,9 @@ bench-quick: install binaries .local/prod-venv/.synced ## the same benchmarks at
 	$(PY) -m benchmarks.report --results benchmarks/results-quick --target benchmarks/results-quick/benchmarks.md
 
 clean: ## remove local state (the binary cache outside the repo is kept)
+	-$(PY) -m tests.node down
 	-$(PY) -m tests.controlplane down
-	rm -rf .local/cluster .local/kubeconfig
+	rm -rf .local/cluster .local/kubeconfig .local/node .local/node.env .local/images
 
 include mk/cluster.mk
+include mk/node.mk

@@ -35,7 +35,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "latency": (10, 30, 20.0),
         "burst": (1_000, 100),
         "world": (1_000, 1_000, 10, 10_000),
-        "failover": (3, ("defaults (15 s lease)", "5 s lease")),
+        "failover": (3, ("defaults (15 s lease)", "5 s lease", "3 s lease")),
     },
     "quick": {
         "hot": (10, 1_000),
@@ -46,7 +46,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "latency": (4, 20, 20.0),
         "burst": (1_000, 100),
         "world": (100, 100, 10, 1_000),
-        "failover": (1, ("5 s lease",)),
+        "failover": (1, ("5 s lease", "3 s lease")),
     },
     "tiny": {
         "hot": (10,),

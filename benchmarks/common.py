@@ -94,8 +94,9 @@ def write_result(
     systems: dict[str, Any],
     ratios: dict[str, Any] | None = None,
     out: Path = RESULTS,
+    extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write one benchmark's JSON result and return its path."""
+    """Write one benchmark's JSON result and return its path (`extra`: more top-level keys)."""
     out.mkdir(parents=True, exist_ok=True)
     doc = {
         "name": name,
@@ -106,6 +107,7 @@ def write_result(
         "machine": machine(),
         "commit": commit(),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        **(extra or {}),
     }
     path = out / f"{name}.json"
     path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")

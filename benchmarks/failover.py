@@ -5,6 +5,10 @@ ended, a new source value is written right after (t0 is taken just before the si
 time until the copy holds that value is the failover time. kill -9 waits for the Lease to
 expire (lease duration, judged from the standby's last observation, plus a retry); SIGTERM
 releases the Lease, so the standby takes over on its next retry.
+
+The targets (judged by `benchmarks.report`): kill -9 within the lease duration plus 2 s,
+SIGTERM within 3 s. They were bounds inside tests/integration/test_leader.py, with its "3 s
+lease" timings; the tests now assert only the behaviour, and the speed is measured here.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ SRC, DST = "failover-src", "failover-dst"
 LEASES_TRIED: dict[str, tuple[str, ...]] = {
     "defaults (15 s lease)": (),
     "5 s lease": ("--lease-duration=5s", "--renew-deadline=3s", "--retry-period=1s"),
+    "3 s lease": ("--lease-duration=3s", "--renew-deadline=2s", "--retry-period=0.5s"),
     "2 s lease": ("--lease-duration=2s", "--renew-deadline=1.5s", "--retry-period=0.5s"),
 }
 

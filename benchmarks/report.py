@@ -181,6 +181,9 @@ def render(
             "",
         ]
         out += table(doc)
+        if doc.get("profile"):
+            out += ["", "Call tree (pyinstrument, wall-clock seconds of the whole run):", ""]
+            out += ["```", *doc["profile"], "```"]
         if name in plots:
             out += ["", plot_bars(name, doc, plots[name], name, plots_dir)]
         out.append("")

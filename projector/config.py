@@ -1,4 +1,4 @@
-"""Settings of `projector run`, from flags with environment fallbacks (DESIGN §7)."""
+"""Settings of `projector run`, from flags with environment fallbacks (README, "The controller")."""
 
 from __future__ import annotations
 
@@ -45,8 +45,11 @@ class Config:
     debounce_max: float = 0.5
     """A key waits at most this long after its first change, however busy the burst."""
     debounce_hot_max: float = 8.0
-    """A key still changing when its wait ran out waits twice as long next time, up to this: a
-    source rewritten many times a second is copied every few seconds, not every half second."""
+    """Longest window of a hot key. A key is hot when its last window collapsed several changes
+    and it changes again within a window of that run; each such window is twice the last, up to
+    this, and ends after --debounce-max of quiet or at its cap. A key quiet for a whole window is
+    cold again, and changes made one at a time never make a key hot: a source rewritten many
+    times a second is copied every few seconds, while a lone change keeps the short debounce."""
     qps: float = 200.0
     """Client-side request rate limit; 0 disables."""
     burst: int = 400
@@ -60,6 +63,10 @@ class Config:
     """Seconds during which the API server refused every list/watch of an informer (401, 403,
     404: its RBAC or CRD gone) after which /healthz fails. An unreachable API server never
     fails /healthz: a restart could not bring it back."""
+    resync_period: float = 600.0
+    """Every grant is reconciled again from the caches this often (jittered by +-10%); 0 turns
+    it off. It repairs what a missed event or a failed status write left stale; a grant in sync
+    writes nothing, so a resync costs CPU, not API writes."""
     conflict_recheck: float = 60.0
     """How often a grant with conflicts looks again (the blocking object is not cached)."""
     watch_timeout: int = 300
@@ -143,6 +150,12 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         default=seconds(_env("INFORMER_STALL_AFTER", f"{d.informer_stall_after:g}s")),
         help="silence after which an informer counts as stalled, e.g. 3m",
     )
+    p.add_argument(
+        "--resync-period",
+        type=seconds,
+        default=seconds(_env("RESYNC_PERIOD", f"{d.resync_period:g}s")),
+        help="reconcile every grant again this often, jittered, e.g. 10m; 0 turns it off",
+    )
     p.add_argument("--id", default=_env("ID", "") or socket.gethostname())
     p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level))
     p.add_argument(
@@ -159,6 +172,8 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         p.error("need 0 <= --debounce <= --debounce-max <= --debounce-hot-max")
     if a.watch_timeout < 1 or a.informer_stall_after <= 0:
         p.error("--watch-timeout and --informer-stall-after must be positive")
+    if a.resync_period < 0:
+        p.error("--resync-period must be 0 (off) or positive")
     if not a.id:
         p.error("--id must not be empty")
     try:
@@ -184,4 +199,5 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         informer_dead_after=a.informer_dead_after,
         watch_timeout=a.watch_timeout,
         informer_stall_after=a.informer_stall_after,
+        resync_period=a.resync_period,
     )

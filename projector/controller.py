@@ -5,6 +5,11 @@ core for a plan, lets the writer execute it, then writes the grant's status once
 changed), records Events for what changed, and tells the queue whether to forget the key,
 retry it with backoff, or look again later. Wiring (caches, informers, HTTP) is `app`'s job.
 
+A status that could not be written fails the reconcile (retried with backoff), so the grant
+never keeps a stale status behind a reconcile counted as a success. Every `resync_period`
+(jittered), every grant is reconciled again from the caches: a missed event or a lost status
+write is repaired without one, and a grant in sync writes nothing.
+
 Safety: no reconcile runs, and so nothing is deleted, while any cache may be behind the
 server (before its first list, while relisting, after a broken watch): such a key is retried
 shortly.
@@ -13,7 +18,9 @@ shortly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import random
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -43,6 +50,9 @@ is what failed, so its grants must not wait minutes once it recovers."""
 _DEBOUNCED = frozenset({Kind.SOURCE, Kind.COPY})
 """Changes that may come in bursts; grants and namespaces are rare and run at once."""
 
+RESYNC_JITTER = 0.1
+"""Each resync period is drawn from +-10% of --resync-period (controller-runtime's jitter)."""
+
 
 class Controller:
     """The work queue's consumers: one reconcile of one grant name at a time per worker."""
@@ -66,6 +76,7 @@ class Controller:
         self.recorder = recorder
         self.tracer = tracer or trace.get_tracer("projector")
         self._stopping = False
+        self._stopped = asyncio.Event()
         self._ids = itertools.count(1)
         self._server_wait: dict[str, float] = {}
         """Per grant, the Retry-After its last reconcile's throttled writes were given."""
@@ -93,13 +104,36 @@ class Controller:
     def stop(self) -> None:
         """Take no new work; reconciles under way finish (`run` returns once they have)."""
         self._stopping = True
+        self._stopped.set()
         self.queue.shut_down()
 
     async def run(self) -> None:
-        """Run `config.workers` workers until `stop()` or cancellation."""
+        """Run `config.workers` workers (and the periodic resync) until `stop()` or cancellation."""
         async with asyncio.TaskGroup() as tg:
             for i in range(self.config.workers):
                 tg.create_task(self._worker(), name=f"worker-{i}")
+            if self.config.resync_period > 0:
+                tg.create_task(self._resync_periodically(), name="resync")
+
+    def resync_idle(self) -> int:
+        """Queue every cached grant that has nothing pending; return how many were queued.
+
+        A grant already queued, waiting (debounce, backoff, recheck) or being reconciled runs
+        anyway; queueing it now would cut short a failing grant's backoff.
+        """
+        return sum(self.queue.add_idle(name) for name in self.store.grant_names())
+
+    async def _resync_periodically(self) -> None:
+        """Every `resync_period`, jittered, reconcile every grant again from the caches."""
+        period = self.config.resync_period
+        while not self._stopping:
+            delay = period * random.uniform(1 - RESYNC_JITTER, 1 + RESYNC_JITTER)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopped.wait(), delay)
+            if self._stopping:
+                return
+            queued = self.resync_idle()
+            log.info("resync", grants=len(self.store.grants), queued=queued)
 
     async def _worker(self) -> None:
         while True:
@@ -112,7 +146,7 @@ class Controller:
                 return
             try:
                 result = await self.reconcile(name)
-            except Fenced:  # the lease ran out: the elector ends the process
+            except Fenced:  # the lease ran out: app stops these workers; the replica campaigns
                 log.warning("write refused: this replica no longer holds the lease", grant=name)
                 result = Result.ERROR
             except Exception:
@@ -152,7 +186,8 @@ class Controller:
             rec = snap.record
             if rec is not None and rec.grant is None:
                 invalid = status.invalid(rec)
-                await self._report(rec, invalid, status.events((), rec.status, invalid))
+                if not await self._report(rec, invalid, status.events((), rec.status, invalid)):
+                    return Result.ERROR
                 return Result.OK
             plan = reconcile.plan(snap)
             self.store.want(name, plan.desired)
@@ -168,7 +203,8 @@ class Controller:
                     attempt = self.queue.num_requeues(name)
                     retry = (attempt + 1, max(self.queue.backoff(attempt), wait))
                 new = status.compute(plan, outcomes, retry=retry)
-                await self._report(rec, new, status.events(outcomes, rec.status, new))
+                if not await self._report(rec, new, status.events(outcomes, rec.status, new)):
+                    verdict = Result.ERROR  # its status is stale: retried with backoff
             else:
                 self.metrics.grant_ready(name, None)  # the grant is gone: it no longer counts
             self.metrics.reconcile_took(time.monotonic() - started)
@@ -180,10 +216,14 @@ class Controller:
 
     async def _report(
         self, rec: GrantRecord, new: dict[str, Any], events: list[status.Event]
-    ) -> None:
-        """Write the status if it changed, and record the Events."""
+    ) -> bool:
+        """Write the status if it changed, and record the Events; False if it was not written.
+
+        The Events are recorded either way: they tell what this reconcile did (its writes),
+        which no retry would tell again.
+        """
         self.metrics.grant_ready(rec.name, status.is_ready(new), new["conditions"])
         new = status.stamped(new, rec.status, timestamp())
-        if not status.unchanged(new, rec.status):
-            await self.writer.write_status(rec.name, new)
+        written = status.unchanged(new, rec.status) or await self.writer.write_status(rec.name, new)
         await self.recorder.record(rec, events)
+        return written

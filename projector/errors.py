@@ -4,6 +4,7 @@
     ├── InvalidGrant              a grant that cannot be acted on as written (terminal)
     ├── Fenced                    a write refused because this replica holds no valid lease
     └── ApiError(status, reason)  the API server answered with an error status
+        ├── AuthenticationFailed  401 and no fresh credentials to be had (re-authentication failed)
         ├── NotFound              404
         ├── Conflict              409 (stale resourceVersion, or AlreadyExists)
         ├── Forbidden             403
@@ -53,6 +54,18 @@ class ApiError(ProjectorError):
     def transient(self) -> bool:
         """Tell whether retrying the same request later may succeed."""
         return self.status in (0, 409, 429) or self.status >= 500
+
+
+class AuthenticationFailed(ApiError):
+    """401, and asking for fresh credentials failed (or is backing off after failing).
+
+    Not transient: retrying the request at once cannot help; the caller backs off (the queue's
+    per-grant backoff, the informer's policy) and the client tries to re-authenticate again
+    only after its own backoff.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(401, "ReauthenticationFailed", message)
 
 
 class NotFound(ApiError):

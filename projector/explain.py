@@ -23,8 +23,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from projector.model import EXPORT_LABEL, EXPORT_TO_ANNOTATION, GRANT_UID_ANNOTATION, Namespace
-from projector.reconcile import Action, Plan, Reason, SourceState, Step
+from projector.model import EXPORT_LABEL, EXPORT_TO_ANNOTATION, Copy, Namespace, parse_copy
+from projector.reconcile import (
+    Action,
+    Claim,
+    Consent,
+    Plan,
+    Reason,
+    SourceState,
+    Step,
+    claim,
+    consent,
+)
 
 _PENDING = {
     Action.CREATE: "the controller creates the copy",
@@ -64,12 +74,22 @@ class GrantReport:
         return asdict(self) | {"counts": dict(self.counts)}
 
 
+def _verdict(plan: Plan, namespace: str, ns: Namespace | None = None) -> Consent:
+    """The controller's own consent rule, on the snapshot the plan was made on."""
+    snap, grant = plan.snapshot, plan.grant
+    assert grant is not None, "only a live grant's namespaces are explained"
+    ns = ns or snap.namespaces.get(namespace)
+    source = snap.source if plan.source_state is SourceState.AVAILABLE else None
+    return consent(grant, source, namespace, ns.labels if ns is not None else {})
+
+
 def _denied_why(plan: Plan, namespace: str) -> str:
+    verdict = _verdict(plan, namespace)
     source = plan.snapshot.source
-    if plan.source_state is SourceState.NOT_EXPORTED:
+    if verdict is Consent.NOT_EXPORTED or source is None:
         return f"producer consent missing: the source has no label {EXPORT_LABEL}=true"
-    if source is None:
-        return "producer consent missing: the source is not exported"
+    if verdict is not Consent.EXPORT_TO_MISMATCH:
+        return f"consent: {verdict.value}"
     if not source.export_to and not source.ignored_export_to:
         return (
             f"producer consent missing: the source has no {EXPORT_TO_ANNOTATION} annotation "
@@ -81,16 +101,27 @@ def _denied_why(plan: Plan, namespace: str) -> str:
     )
 
 
-def _conflict_why(step: Step, grants_by_uid: Mapping[str, str]) -> str:
-    holder = step.existing
-    where = f"{step.namespace}/{step.name}"
-    if step.reason is Reason.GRANT_CONFLICT:
-        return step.message or f"an older grant projects to {where}"
-    if holder is not None:
-        uid = holder.annotations.get(GRANT_UID_ANNOTATION)
-        if uid and uid in grants_by_uid:
-            return f"Secret {where} belongs to grant {grants_by_uid[uid]}"
+def _holder_why(plan: Plan, holder: Copy, grants_by_uid: Mapping[str, str]) -> str:
+    """Who holds the target name, by the controller's own ownership rule (`reconcile.claim`)."""
+    where = f"{holder.key.namespace}/{holder.key.name}"
+    held = claim(plan.snapshot, holder, plan.snapshot.namespaces.get(holder.key.namespace))
+    if held is Claim.ORPHAN:
+        return (
+            f"Secret {where} was left by an earlier grant of this name for another source; "
+            "it is kept by the policy recorded on it (delete it to let this grant project)"
+        )
+    owner = grants_by_uid.get(holder.grant_uid or "")
+    if owner:
+        return f"Secret {where} belongs to grant {owner}"
     return f"Secret {where} exists and is not owned by this grant"
+
+
+def _conflict_why(plan: Plan, step: Step, grants_by_uid: Mapping[str, str]) -> str:
+    if step.reason is Reason.GRANT_CONFLICT:
+        return step.message or f"an older grant projects to {step.namespace}/{step.name}"
+    if step.existing is not None:
+        return _holder_why(plan, step.existing, grants_by_uid)
+    return f"Secret {step.namespace}/{step.name} exists and is not owned by this grant"
 
 
 def entry(
@@ -113,13 +144,8 @@ def entry(
 
     blocker = (blockers or {}).get(ns)
     if a is Action.CREATE and blocker is not None:
-        uid = (blocker.get("annotations") or {}).get(GRANT_UID_ANNOTATION)
-        owner = grants_by_uid.get(uid or "")
-        why = (
-            f"Secret {secret} belongs to grant {owner}"
-            if owner
-            else f"Secret {secret} exists and is not owned by this grant"
-        )
+        held = parse_copy({"metadata": {**blocker, "namespace": ns, "name": step.name}})
+        why = _holder_why(plan, held, grants_by_uid)
         return Entry(ns, "conflicted", Reason.CONFLICT.value, why, secret)
     if a is not Action.NOOP:
         return e("pending", _PENDING[a] + (f" ({step.message})" if step.message else ""))
@@ -128,7 +154,7 @@ def entry(
     if r is Reason.DENIED:
         return e("denied", _denied_why(plan, ns))
     if r in (Reason.CONFLICT, Reason.GRANT_CONFLICT):
-        return e("conflicted", _conflict_why(step, grants_by_uid))
+        return e("conflicted", _conflict_why(plan, step, grants_by_uid))
     if r is Reason.TERMINATING:
         return e("terminating", "the namespace is being deleted; nothing is written there")
     if r is Reason.NAMESPACE_MISSING:
@@ -150,9 +176,8 @@ def entry(
 
 
 def not_targeted(plan: Plan, namespace: str, ns: Namespace | None) -> Entry:
-    """A namespace the grant does not aim at: the admin's consent is missing."""
-    grant = plan.grant
-    if grant is not None and namespace == grant.source.namespace:
+    """A namespace the plan does not cover: the admin's consent (or the source's own namespace)."""
+    if _verdict(plan, namespace, ns) is Consent.SOURCE_NAMESPACE:
         return Entry(
             namespace, "refused", Reason.SOURCE_NAMESPACE.value, "the source's own namespace"
         )
@@ -163,7 +188,7 @@ def not_targeted(plan: Plan, namespace: str, ns: Namespace | None) -> Entry:
             "admin consent missing: no grant target (not in spec.target.namespaces, "
             "and spec.target.namespaceSelector does not match its labels)"
         )
-    return Entry(namespace, "denied", "NotTargeted", why)
+    return Entry(namespace, "denied", Consent.NOT_TARGETED.value, why)
 
 
 def report(

@@ -3,18 +3,26 @@
 The reflector loop is client-go's: LIST (page by page), then WATCH from the list's
 resourceVersion with bookmarks and a server timeout; a watch that ends normally resumes from
 the last resourceVersion seen; a 410 Gone relists and turns what vanished into deletions; any
-other failure backs off and retries: 0.8 s doubling to 30 s when the server answered with an
-error, the Retry-After it gave with a 429, and at most `UNREACHABLE_RETRY_MAX` (1 s) when it
-did not answer at all (refused, reset, timed out), so that an informer is back within a
-second of its API server (a connection attempt to a server that is down costs it nothing),
-and the grants that waited on its cache run then (`app`). A client read deadline turns a silently
-stalled connection into an error, so a watch can never hang unnoticed.
+other API failure backs off and retries, forever, by a tenacity policy (each retry logged;
+the backoff starts over once the server answers again, and when the kind of failure changes):
+0.8 s doubling to 30 s, jittered, when the server answered with an error; the Retry-After it
+gave with a 429; at most `UNREACHABLE_RETRY_MAX` (1 s) when it did not answer at all (refused,
+reset, timed out), so that an informer is back within a second of its API server (a connection
+attempt to a server that is down costs it nothing) and the grants that waited on its cache run
+then (`app`). A client read deadline turns a silently stalled connection into an error, so a
+watch can never hang unnoticed.
 
 For /healthz, an informer says whether it is *wedged* (`wedged`: no step of its loop, no list
 page, event, error or retry, within a bound that every step keeps), and since when the server
 has been *refusing* it (`refused_since`: 401, 403, 404 on every attempt, e.g. its RBAC or CRD
 removed). Neither says anything about whether the API server is reachable: an informer that
 retries an absent server is neither.
+
+An object that cannot be parsed is skipped with a log line that says why (field and message,
+never a value). A DELETED event removes the cached key even when the rest of the object does
+not parse: the server says it is gone. An object of a list, or a MODIFIED event, that does not
+parse keeps what the cache knew of it: it still exists, and a cache that dropped it would
+report it as deleted.
 
 The cache's `healthy` is cleared whenever it may be behind the server (before the first list,
 while relisting, after a broken watch) and set again once a list or watch succeeds; the
@@ -25,7 +33,6 @@ leave a change unseen.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import random
 import time
@@ -33,6 +40,13 @@ from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 import structlog
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_never,
+    wait_exponential_jitter,
+)
 
 from projector.api import Api, Obj
 from projector.errors import ApiError, Gone, TooManyRequests
@@ -77,6 +91,9 @@ class Informer(Generic[K, T]):
         """Monotonic time since which every list or watch has failed (None: it works)."""
         self.refused_since: float | None = None
         """Monotonic time since which the server has refused every attempt (401/403/404)."""
+        self._need_list = True
+        self._unreachable = False
+        """The last failure was the server not answering at all."""
         self._progress = clock()
         self._step_bound = max(read_deadline, request_timeout) + backoff[1] + WEDGE_SLACK
         """The longest one step of the loop takes when nothing is wrong with this process."""
@@ -114,8 +131,10 @@ class Informer(Generic[K, T]):
             async for page, version in pages:
                 self._alive()
                 rv = version
-                for k, new in self.spec.entries(page):
-                    seen.add(k)
+                for k, new in self.spec.keyed(page):
+                    seen.add(k)  # it exists: even unparseable, it is not deleted
+                    if new is None:
+                        continue
                     old = self.cache.put(k, new)
                     if old != new:
                         self._event("ADDED" if old is None else "MODIFIED")
@@ -126,35 +145,103 @@ class Informer(Generic[K, T]):
         self._event("RELIST")
 
     def _apply(self, kind: str, obj: Obj) -> None:
-        parsed = self.spec.entry(obj)
-        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        meta = obj.get("metadata") or {}
+        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
         if rv:
             self.resource_version = str(rv)
-        if parsed is None:
+        k = self.spec.key_of(obj)
+        if k is None:
+            return
+        if kind == "DELETED":  # gone on the server: only its key matters
+            self._event(kind)
+            self.cache.pop(k)
+            return
+        new = self.spec.value_of(obj)
+        if new is None:
             return
         self._event(kind)
-        k, new = parsed
-        if kind == "DELETED":
-            self.cache.pop(k)
+        self.cache.put(k, new)
+
+    def _retrying(self) -> AsyncRetrying:
+        """The policy of list and watch failures: retry API errors forever, with backoff.
+
+        Exponential from `backoff[0]` to `backoff[1]` with jitter; a Gone never gets here (it
+        relists at once), and anything but an `ApiError` (a bug in the store's indexes) ends the
+        informer, loudly.
+        """
+        initial, maximum = self._backoff
+        answered = wait_exponential_jitter(multiplier=initial, max=maximum, jitter=initial)
+        first = min(initial, UNREACHABLE_RETRY_MAX)
+        silent = wait_exponential_jitter(
+            multiplier=first, max=UNREACHABLE_RETRY_MAX, jitter=first / 4
+        )
+
+        def wait(state: RetryCallState) -> float:
+            error = state.outcome.exception() if state.outcome is not None else None
+            unreachable = isinstance(error, ApiError) and error.status == 0
+            if unreachable != self._unreachable:  # a new kind of failure: a fresh backoff
+                self._unreachable, state.attempt_number = unreachable, 1
+            if isinstance(error, TooManyRequests):  # the server said when (APF, starting up)
+                return min(float(error.retry_after), maximum)
+            return float((silent if unreachable else answered)(state))
+
+        return AsyncRetrying(
+            stop=stop_never,
+            wait=wait,
+            retry=retry_if_exception_type(ApiError),
+            before_sleep=self._failed,
+            reraise=True,
+        )
+
+    def _failed(self, state: RetryCallState) -> None:
+        """Before a retry's sleep: the cache may be behind now; say so and why."""
+        self._alive()
+        self.cache.healthy.clear()
+        now = self._clock()
+        if self.failing_since is None:
+            self.failing_since = now
+        error = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(error, ApiError) and error.status in (401, 403, 404):
+            self.refused_since = self.refused_since or now
         else:
-            self.cache.put(k, new)
+            self.refused_since = None  # refused continuously, or not at all
+        log.warning(
+            "watch failed; retrying",
+            kind=self.name,
+            status=getattr(error, "status", None),
+            reason=getattr(error, "reason", ""),
+            attempt=state.attempt_number,
+            retry_in=round(state.upcoming_sleep, 2),
+        )
+        self._event("ERROR")
 
     async def run(self) -> None:
         """Keep the cache current until cancelled."""
-        delay = 0.0
-        unreachable = False  # the last failure was the server not answering at all
-        need_list = True
+        self._need_list = True
+        async for attempt in self._retrying():
+            with attempt:
+                await self._follow(attempt.retry_state)
+
+    async def _follow(self, state: RetryCallState) -> None:
+        """List if needed, then watch, watch after watch; return only by raising.
+
+        Any word from the server starts the backoff over (`state.attempt_number = 1`), so a
+        failure after a working watch waits the first delay, not the last one.
+        """
         healthy = self.cache.healthy
         while True:
             self._alive()
+            if not self.resource_version:
+                self._need_list = True  # nothing to resume from
             try:
-                if need_list:
+                if self._need_list:
                     healthy.clear()
                     await self._relist()
-                    need_list = False
+                    self._need_list = False
+                    state.attempt_number = 1
+                    self.failing_since = self.refused_since = None
                     self.cache.synced.set()
                     healthy.set()
-                    self.failing_since = self.refused_since = None
                 events = self.api.watch(
                     self.spec.resource,
                     resource_version=self.resource_version,
@@ -167,7 +254,7 @@ class Informer(Generic[K, T]):
                     async for kind, obj in events:
                         self._alive()
                         healthy.set()
-                        delay = 0.0
+                        state.attempt_number = 1
                         self.failing_since = self.refused_since = None
                         if kind == "OPEN":
                             self._event("OPEN")  # a sign of life: the server accepted the watch
@@ -183,34 +270,4 @@ class Informer(Generic[K, T]):
                 self._event("WATCH_RESTART")
             except Gone:
                 log.info("watch expired; relisting", kind=self.name)
-                need_list = True
-            except ApiError as e:
-                self._alive()
-                healthy.clear()
-                now = self._clock()
-                if self.failing_since is None:
-                    self.failing_since = now
-                if e.status in (401, 403, 404):
-                    self.refused_since = self.refused_since or now
-                else:
-                    self.refused_since = None  # refused continuously, or not at all
-                if (e.status == 0) != unreachable:  # a new kind of failure: a fresh backoff
-                    unreachable, delay = e.status == 0, 0.0
-                if isinstance(e, TooManyRequests):  # the server said when (APF, starting up)
-                    delay = min(float(e.retry_after), self._backoff[1])
-                else:
-                    cap = UNREACHABLE_RETRY_MAX if unreachable else self._backoff[1]
-                    delay = min(cap, max(min(self._backoff[0], cap), delay * 2))
-                delay *= 1 + random.random() * 0.2
-                first = self.failing_since == now  # later failures of a streak: info, not warning
-                (log.warning if first else log.info)(
-                    "watch failed; retrying",
-                    kind=self.name,
-                    status=e.status,
-                    reason=e.reason,
-                    retry_in=round(delay, 2),
-                )
-                self._event("ERROR")
-                await asyncio.sleep(delay)
-                if not self.resource_version:
-                    need_list = True
+                self._need_list = True

@@ -9,8 +9,11 @@ preconditions, a client-side rate limit (qps/burst), and status codes mapped to
 `projector.errors` by this module itself, so that nothing above it knows aiohttp or kr8s exist.
 
 An error answers one request and nothing else: it never closes the session, so other requests
-and every watch carry on. Only a 401 re-authenticates (once: a fresh token from kr8s, e.g. a
-rotated ServiceAccount token), then the request is sent again.
+and every watch carry on; the error it raises chains the transport's own (`raise ... from`).
+Only a 401 re-authenticates (once: a fresh token from kr8s, e.g. a rotated ServiceAccount token),
+then the request is sent again. A re-authentication that fails raises `AuthenticationFailed`
+(not transient), is logged, and is not tried again before a backoff (1 s doubling to 60 s):
+until then a 401 fails at once, so a broken credential never hot-loops on the token source.
 
 No request waits long on a dead connection. A connection is opened within `connect_timeout`
 (5 s); a request that receives nothing for `read_timeout` (10 s; a watch has its own read
@@ -31,13 +34,25 @@ from typing import Any
 
 import aiohttp
 import orjson
+import structlog
 from kr8s._auth import KubeAuth
 from yarl import URL
 
 from projector import __version__
 from projector.api import Obj, Resource
-from projector.errors import ApiError, ProjectorError, ServerError, api_error
+from projector.errors import (
+    ApiError,
+    AuthenticationFailed,
+    ProjectorError,
+    ServerError,
+    api_error,
+)
 from projector.model import FIELD_MANAGER
+
+log = structlog.get_logger("projector.kube")
+
+REAUTH_BACKOFF = (1.0, 60.0)
+"""After a failed re-authentication, seconds before the next may be tried: doubling, capped."""
 
 _JSON = "application/json"
 _METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
@@ -132,6 +147,9 @@ class Kube:
         )
         self._connect_timeout = connect_timeout
         self._on_request = on_request
+        self._reauth_failures = 0
+        self._reauth_not_before = 0.0
+        """Monotonic time before which no re-authentication is tried (after failures)."""
         self._user_agent = f"projector/{__version__} ({identity})" if identity else "projector"
         """Names the replica in the API server's audit log: who wrote what, after which lease."""
         self._session = aiohttp.ClientSession(
@@ -229,7 +247,7 @@ class Kube:
                     retry_after = response.headers.get("Retry-After")
             except (aiohttp.ClientError, TimeoutError, OSError) as e:
                 self._record(verb, res, 0, started)
-                raise ServerError(0, type(e).__name__, str(e) or "no response") from None
+                raise ServerError(0, type(e).__name__, str(e) or "no response") from e
             self._record(verb, res, status, started)
             if status == 401 and attempt == 1:
                 await self._reauthenticate()
@@ -238,16 +256,38 @@ class Kube:
                 raise _from_body(status, raw, retry_after)
             try:
                 return orjson.loads(raw) if raw else {}
-            except orjson.JSONDecodeError:
-                raise ServerError(0, "BadResponse", "undecodable response body") from None
+            except orjson.JSONDecodeError as e:
+                raise ServerError(0, "BadResponse", "undecodable response body") from e
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     async def _reauthenticate(self) -> None:
-        """A 401: ask kr8s for fresh credentials (a rotated or refreshed token), once."""
+        """A 401: ask kr8s for fresh credentials (a rotated or refreshed token), once.
+
+        Raises `AuthenticationFailed` if that fails, or if an earlier failure's backoff has
+        not run out yet (then kr8s is not asked at all).
+        """
+        now = time.monotonic()
+        if now < self._reauth_not_before:
+            raise AuthenticationFailed(
+                f"re-authentication failed {self._reauth_failures} time(s); "
+                f"next try in {self._reauth_not_before - now:.1f} s"
+            )
         try:
             await self._auth.reauthenticate()
         except Exception as e:  # kr8s raises anything from ValueError up
-            raise ServerError(0, "ReauthenticationFailed", f"{type(e).__name__}: {e}") from None
+            self._reauth_failures += 1
+            first, cap = REAUTH_BACKOFF
+            wait = min(cap, first * 2.0 ** (self._reauth_failures - 1))
+            self._reauth_not_before = time.monotonic() + wait
+            log.error(
+                "re-authentication failed",
+                error=type(e).__name__,
+                failures=self._reauth_failures,
+                next_try_in=wait,
+            )
+            raise AuthenticationFailed(f"re-authentication failed: {type(e).__name__}") from e
+        self._reauth_failures = 0
+        self._reauth_not_before = 0.0
 
     async def pages(
         self,
@@ -364,7 +404,7 @@ class Kube:
                     del event  # not alive while the next event is read
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             self._record("WATCH", res, 0, started)
-            raise ServerError(0, type(e).__name__, str(e) or "watch connection lost") from None
+            raise ServerError(0, type(e).__name__, str(e) or "watch connection lost") from e
 
     async def get(
         self, res: Resource, name: str, *, namespace: str | None = None, metadata_only: bool = False
@@ -523,8 +563,8 @@ async def _lines(content: aiohttp.StreamReader) -> AsyncGenerator[tuple[str, Obj
 def _event(line: bytes) -> tuple[str, Obj]:
     try:
         event = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        raise ServerError(0, "BadWatchEvent", "undecodable watch event") from None
+    except orjson.JSONDecodeError as e:
+        raise ServerError(0, "BadWatchEvent", "undecodable watch event") from e
     kind, obj = event.get("type", ""), event.get("object") or {}
     if kind == "ERROR":
         raise _from_status(obj)

@@ -36,6 +36,9 @@ ON_SOURCE_DELETED_ANNOTATION = f"{PREFIX}on-source-deleted"
 GRANT_METADATA_ANNOTATION = f"{PREFIX}grant-metadata"
 """Which labels/annotations of a copy came from the grant's target, so that keys an admin later
 removes from the grant are removed from the copies too, while keys other tools add are kept."""
+MAX_ANNOTATION_VALUE = 2048
+"""Of a grant's extra annotation values (as the CRD says): 64 of them stay well within the API
+server's 256 KiB of metadata on a copy, which would otherwise refuse every copy write."""
 FIELD_MANAGER = "projector"
 """The field manager of every write, and part of the ownership proof of a copy."""
 
@@ -208,7 +211,8 @@ def _is_label(value: object) -> bool:
     return isinstance(value, str) and _DNS1123_LABEL.fullmatch(value) is not None
 
 
-def _is_subdomain(value: object) -> bool:
+def is_subdomain(value: object) -> bool:
+    """A DNS-1123 subdomain: what the API server accepts as an object name."""
     return (
         isinstance(value, str)
         and len(value) <= 253
@@ -280,7 +284,7 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
     policy = spec.get("policy") or {}
     if not src.get("namespace") or not src.get("name"):
         raise InvalidGrant(name, "spec.source.namespace and spec.source.name are required")
-    if not _is_label(src["namespace"]) or not _is_subdomain(src["name"]):
+    if not _is_label(src["namespace"]) or not is_subdomain(src["name"]):
         raise InvalidGrant(name, "spec.source must name a valid namespace and Secret")
     raw_keys = spec.get("keys")
     keys: tuple[KeyMapping, ...] | None = None
@@ -302,7 +306,7 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
     if not namespaces and selector is None:
         raise InvalidGrant(name, "target needs namespaces or namespaceSelector")
     target_name = target.get("name") or src["name"]
-    if not _is_subdomain(target_name):
+    if not is_subdomain(target_name):
         raise InvalidGrant(name, f"target.name {target_name!r} is not a DNS-1123 subdomain")
     for ns in namespaces:
         if not _is_label(ns):
@@ -317,6 +321,11 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
     for k, v in labels:
         if not is_label_value(v):
             raise InvalidGrant(name, f"target label {k!r} has an invalid value")
+    for k, v in annotations:
+        if not isinstance(v, str) or len(v) > MAX_ANNOTATION_VALUE:
+            raise InvalidGrant(
+                name, f"target annotation {k!r}: at most {MAX_ANNOTATION_VALUE} characters"
+            )
     try:
         on_revoke = OnRevoke(policy.get("onRevoke", OnRevoke.DELETE.value))
         on_source_deleted = OnSourceDeleted(

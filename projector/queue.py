@@ -49,15 +49,9 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Final, Generic, Protocol, TypeVar
 
-__all__ = ["EVENTS", "Clock", "QueueShutDown", "WorkQueue"]
+__all__ = ["Clock", "QueueShutDown", "WorkQueue"]
 
 K = TypeVar("K", bound=Hashable)
-
-EVENTS: Final = ("added", "coalesced", "retried", "dropped")
-"""Names passed to ``on_event``: a key newly needs work (``added``), an add absorbed by a key
-already waiting or dirty (``coalesced``; ``added + coalesced`` is every add call), a rate-limited
-retry (``retried``, also followed by ``added``/``coalesced``), an add after shutdown (``dropped``).
-"""
 
 _MAX_BACKOFF_EXPONENT: Final = 64  # 2.0**64 * any sane base exceeds any sane cap; avoids overflow
 _COMPACT_SLACK: Final = 64
@@ -102,7 +96,10 @@ class WorkQueue(Generic[K]):
         backoff_max: Cap of the rate-limited delay.
         clock: Time source for deadlines. None uses the running loop's ``time()``, so delayed
             adds then need a running loop.
-        on_event: Metrics hook, called synchronously with a name from :data:`EVENTS` and the key.
+        on_event: Metrics hook, called synchronously with an event name and the key: a key
+            newly needs work (``added``), an add absorbed by a key already waiting or dirty
+            (``coalesced``; ``added + coalesced`` is every add call), a rate-limited retry
+            (``retried``, then ``added``/``coalesced``), an add after shutdown (``dropped``).
     """
 
     def __init__(
@@ -142,7 +139,6 @@ class WorkQueue(Generic[K]):
         self._shutting_down = False
 
         self._getters: deque[asyncio.Future[None]] = deque()
-        self._drainers: list[asyncio.Future[None]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline = math.inf
 
@@ -193,6 +189,19 @@ class WorkQueue(Generic[K]):
         if self._absorbed(key):
             return
         self._release(key)
+
+    def add_idle(self, key: K) -> bool:
+        """Add ``key`` now only if it is idle (not waiting, dirty or processing); tell if it was.
+
+        For a periodic resync: a key with a run pending gets it anyway, and a key backing off
+        keeps its backoff.
+        """
+        if self._shutting_down or key in self._dirty or key in self._processing:
+            return False
+        if key in self._pending:
+            return False
+        self._release(key)
+        return True
 
     def add_after(self, key: K, delay: float) -> None:
         """Add ``key`` in ``delay`` seconds; a key already waiting only ever moves earlier."""
@@ -304,11 +313,6 @@ class WorkQueue(Generic[K]):
             self._queue.append(key)
             if self._getters:
                 self._wake_getter()
-        if self._drainers and not self._processing:
-            for drainer in self._drainers:
-                if not drainer.done():
-                    drainer.set_result(None)
-            self._drainers.clear()
 
     def shut_down(self) -> None:
         """Stop accepting adds and wake all getters; ready keys are still handed out.
@@ -327,13 +331,6 @@ class WorkQueue(Generic[K]):
             getter = self._getters.popleft()
             if not getter.done():
                 getter.set_result(None)
-
-    async def drain(self) -> None:
-        """Wait until no key is processing, e.g. for workers to finish after ``shut_down()``."""
-        while self._processing:
-            drainer = asyncio.get_running_loop().create_future()
-            self._drainers.append(drainer)
-            await drainer
 
     # -- introspection --------------------------------------------------------------------------
 
@@ -443,11 +440,7 @@ class WorkQueue(Generic[K]):
         pending = self._pending.pop(key, None) if self._pending else None
         if self._on_event is not None:
             self._on_event("added" if pending is None else "coalesced", key)
-        self._dirty.add(key)
-        if key not in self._processing:
-            self._queue.append(key)
-            if self._getters:
-                self._wake_getter()
+        self._make_dirty(key)
 
     def _make_dirty(self, key: K) -> None:
         self._dirty.add(key)

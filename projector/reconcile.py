@@ -101,6 +101,9 @@ UNCOPYABLE_TYPES = frozenset(
 
 CONFLICT_MESSAGE = "a Secret of that name exists and is not owned by this grant"
 ORPHAN_MESSAGE = "an earlier grant of this name left a copy of another source here"
+ORPHAN_DELETED = (
+    "an earlier grant of this name left a copy of another source; deleted by its policy"
+)
 
 FAILURE_REASONS = frozenset(
     {
@@ -288,9 +291,12 @@ class Claim(StrEnum):
 
     OWN = "Own"
     """It carries this grant's uid."""
+    ADOPT = "Adopt"
+    """An earlier, deleted grant of this name left it, and it is the very copy this grant wants
+    here (same source, same name, a namespace both consents grant): the grant takes it over."""
     ORPHAN = "Orphan"
-    """An earlier grant of this name left it: it names this grant and a uid no grant has. It
-    follows the policy recorded on it, unless this grant would write the very same copy."""
+    """An earlier, deleted grant of this name left it, and this grant would not write it here:
+    it follows the policy recorded on it (`policy`), never this grant's."""
     JUNIOR = "Junior"
     """A younger grant that also wants this copy here holds it; the older grant wins."""
     FOREIGN = "Foreign"
@@ -301,7 +307,9 @@ def claim(snap: Snapshot, copy: Copy, ns: Namespace | None = None) -> Claim:
     """The one ownership rule: may the snapshot's grant name write or delete this copy?
 
     Ownership is the grant-uid annotation written by projector's field manager, never a label
-    alone. `ns` (where the copy is) is needed only to recognise a junior rival's copy.
+    alone. `ns` (where the copy is) is needed to tell an orphan the grant adopts from one it
+    leaves to its recorded policy, and to recognise a junior rival's copy; without it, an
+    orphan is always `ORPHAN`.
     """
     uid = copy.grant_uid
     if not uid:
@@ -310,7 +318,16 @@ def claim(snap: Snapshot, copy: Copy, ns: Namespace | None = None) -> Claim:
     if grant is not None and uid == grant.uid:
         return Claim.OWN
     if uid not in snap.live_grant_uids and copy.labels.get(GRANT_LABEL) == snap.grant_name:
-        return Claim.ORPHAN
+        adopt = (
+            ns is not None
+            and grant is not None
+            and not grant.deleting
+            and copy.key.name == grant.target_name
+            and copy.annotations.get(SOURCE_ANNOTATION) == str(grant.source)
+            and snap.source_state is SourceState.AVAILABLE
+            and _wants(grant, snap.source, ns)
+        )
+        return Claim.ADOPT if adopt else Claim.ORPHAN
     if (
         grant is not None
         and ns is not None
@@ -328,19 +345,24 @@ def claim(snap: Snapshot, copy: Copy, ns: Namespace | None = None) -> Claim:
 def may_write(snap: Snapshot, copy: Copy, ns: Namespace) -> bool:
     """May the snapshot's grant overwrite `copy`, found at a place where it wants its copy?
 
-    Its own copy; a younger rival's; or an orphan of its name that it would write the same:
-    same source, same name (a grant never takes over a copy of something else it was not
-    asked to write, e.g. one an earlier, deleted grant of that name retained).
+    Its own copy, a younger rival's, or an orphan it adopts: never an earlier grant's copy of
+    something it was not asked to write here (e.g. one a deleted grant of that name retained).
     """
-    owner = claim(snap, copy, ns)
-    if owner is Claim.ORPHAN:
-        grant = snap.grant
-        return (
-            grant is not None
-            and copy.key.name == grant.target_name
-            and copy.annotations.get(SOURCE_ANNOTATION) == str(grant.source)
-        )
-    return owner is not Claim.FOREIGN
+    return claim(snap, copy, ns) in (Claim.OWN, Claim.ADOPT, Claim.JUNIOR)
+
+
+def policy(snap: Snapshot, copy: Copy, reason: Reason) -> OnRevoke | OnSourceDeleted:
+    """The policy a copy this grant name holds falls under, once it is not wanted where it is.
+
+    The live grant's own copies follow its policy: `onSourceDeleted` when the source is gone,
+    `onRevoke` otherwise. Every other copy, an orphan of an earlier grant of this name or a
+    copy of a grant being deleted, follows the `onRevoke` recorded on it: its grant is gone,
+    and a new grant reusing the name inherits no right to delete what that one kept.
+    """
+    grant = snap.grant
+    if grant is not None and not grant.deleting and copy.grant_uid == grant.uid:
+        return grant.on_source_deleted if reason is Reason.SOURCE_MISSING else grant.on_revoke
+    return _recorded_policy(copy)
 
 
 def desired_copy(grant: Grant, source: Source) -> Desired | str:
@@ -439,24 +461,43 @@ def _senior_rival(snap: Snapshot, grant: Grant, ns: Namespace) -> Grant | None:
     return best
 
 
-def _revoke(copy: Copy, reason: Reason, policy: OnRevoke | OnSourceDeleted) -> Step:
-    """Handle a copy that is no longer wanted, by the policy it falls under."""
+def _revoke(snap: Snapshot, copy: Copy, reason: Reason) -> Step:
+    """Handle a copy that is no longer wanted where it is, by the policy it falls under."""
     if copy.deleting:
         return Step(copy.key.namespace, Action.NOOP, Reason.COPY_DELETING, copy, copy.key.name)
-    if policy.value == "Delete":
+    if policy(snap, copy, reason).value == "Delete":
         return Step(copy.key.namespace, Action.DELETE, reason, copy, copy.key.name)
     return Step(copy.key.namespace, Action.NOOP, Reason.RETAINED, copy, copy.key.name)
 
 
-def _withdraw(
-    ns: str, name: str, own: Copy | None, reason: Reason, policy: OnRevoke | OnSourceDeleted
-) -> Step:
-    """A namespace the grant may no longer serve: our copy there follows the policy."""
-    if own is not None:
-        step = _revoke(own, reason, policy)
+def _withdraw(snap: Snapshot, ns: str, name: str, held: Copy | None, reason: Reason) -> Step:
+    """A namespace the grant does not serve: what it holds there follows `policy`.
+
+    Kept, the namespace still reports why it is not served (denied, source missing); an
+    orphan deleted here is deleted because its own grant was revoked.
+    """
+    if held is not None:
+        own = snap.grant is not None and held.grant_uid == snap.grant.uid
+        step = _revoke(snap, held, reason if own else Reason.REVOKED)
         if step.action is Action.DELETE:
             return step
-    return Step(ns, Action.NOOP, reason, own, name)
+    return Step(ns, Action.NOOP, reason, held, name)
+
+
+def _orphaned(snap: Snapshot, orphan: Copy, then: Step) -> Step:
+    """An earlier grant's copy where this grant wants its own, by the policy recorded on it.
+
+    Delete: it goes, replaced by this grant's copy when `then` (the step for a free place)
+    creates one. Retain: it stays, a conflict the admin settles.
+    """
+    gone = _revoke(snap, orphan, Reason.REVOKED)
+    if gone.reason is Reason.RETAINED:
+        return Step(then.namespace, Action.NOOP, Reason.CONFLICT, orphan, then.name, ORPHAN_MESSAGE)
+    if gone.action is Action.DELETE and then.action is Action.CREATE:
+        return Step(
+            then.namespace, Action.REPLACE, Reason.PROJECTED, orphan, then.name, ORPHAN_DELETED
+        )
+    return gone
 
 
 def _recorded_policy(copy: Copy) -> OnRevoke:
@@ -474,10 +515,10 @@ def plan(snap: Snapshot) -> Plan:
     """Decide, for every namespace touched by a grant name, what to write and why."""
     grant = snap.grant
     # Copies this grant name may act on wherever they are: its own, and orphans of its name.
-    owned = {k: c for k, c in snap.copies.items() if claim(snap, c) is not Claim.FOREIGN}
+    held = {k: c for k, c in snap.copies.items() if claim(snap, c) is not Claim.FOREIGN}
 
     if grant is None or grant.deleting:
-        gone = tuple(_revoke(c, Reason.REVOKED, _recorded_policy(c)) for c in owned.values())
+        gone = tuple(_revoke(snap, c, Reason.REVOKED) for c in held.values())
         return Plan(snap, snap.source_state, None, gone, 0)
 
     steps: list[Step] = []
@@ -500,12 +541,12 @@ def plan(snap: Snapshot) -> Plan:
     if grant.selector is not None:
         candidates.update(n for n, ns in snap.namespaces.items() if grant.targets(n, ns.labels))
     matched = 0
-    target, all_namespaces = grant.target_name, snap.namespaces
+    target, all_namespaces, uid = grant.target_name, snap.namespaces, grant.uid
     for name in sorted(candidates):  # the hot loop: locals only, no work that can be hoisted
         key = ObjectKey(name, target)
         existing = lookup.get(key)
-        mine = existing is not None and key in owned
-        if mine:
+        mine = existing if existing is not None and key in held else None
+        if mine is not None:
             handled.add(key)
         ns = all_namespaces.get(name)
         verdict = consent(grant, source, name, ns.labels if ns is not None else _NO_LABELS)
@@ -540,57 +581,53 @@ def plan(snap: Snapshot) -> Plan:
             steps.append(Step(name, Action.NOOP, Reason.SOURCE_UNKNOWN, existing, key.name))
             continue
         if state is SourceState.MISSING:
-            own = existing if mine else None
-            steps.append(
-                _withdraw(name, key.name, own, Reason.SOURCE_MISSING, grant.on_source_deleted)
-            )
+            steps.append(_withdraw(snap, name, key.name, mine, Reason.SOURCE_MISSING))
             continue
         if verdict is not Consent.GRANTED:  # the producer's consent: the admin's is a candidate
-            steps.append(
-                _withdraw(
-                    name, key.name, existing if mine else None, Reason.DENIED, grant.on_revoke
-                )
-            )
+            steps.append(_withdraw(snap, name, key.name, mine, Reason.DENIED))
             continue
-        if desired is None:
-            steps.append(
-                Step(
-                    name,
-                    Action.NOOP,
-                    Reason.KEY_MISSING,
-                    existing,
-                    key.name,
-                    message=f"source has no key {missing_key!r}; last copy kept",
-                )
-            )
-            continue
-        rival = _senior_rival(snap, grant, ns) if snap.rivals else None
-        if rival is not None:
-            steps.append(
-                Step(
-                    name,
-                    Action.NOOP,
-                    Reason.GRANT_CONFLICT,
-                    existing,
-                    key.name,
-                    message=f"older grant {rival.name} projects to the same Secret",
-                )
-            )
-            continue
-        steps.append(_converge(snap, desired, ns, existing))
+        if mine is not None and mine.grant_uid != uid and claim(snap, mine, ns) is Claim.ORPHAN:
+            steps.append(_orphaned(snap, mine, _serve(snap, desired, missing_key, ns, None)))
+        else:
+            steps.append(_serve(snap, desired, missing_key, ns, existing))
 
-    # Owned copies the grant no longer wants here (untargeted namespace, renamed target), and
-    # orphans of its name, which follow the policy recorded on them, not this grant's.
-    for key, copy in owned.items():
+    # What the grant name holds where it no longer aims (untargeted namespace, renamed target).
+    for key, copy in held.items():
         if key in handled:
             continue
         if state is SourceState.UNKNOWN:
             steps.append(Step(key.namespace, Action.NOOP, Reason.SOURCE_UNKNOWN, copy, key.name))
-        elif copy.grant_uid == grant.uid:
-            steps.append(_revoke(copy, Reason.REVOKED, grant.on_revoke))
         else:
-            steps.append(_revoke(copy, Reason.REVOKED, _recorded_policy(copy)))
+            steps.append(_revoke(snap, copy, Reason.REVOKED))
     return Plan(snap, state, desired, tuple(steps), matched)
+
+
+def _serve(
+    snap: Snapshot, desired: Desired | None, missing_key: str, ns: Namespace, existing: Copy | None
+) -> Step:
+    """A namespace both consents grant: converge, unless a key or the place is missing."""
+    grant = snap.grant
+    assert grant is not None, "only a live grant serves namespaces"
+    if desired is None:
+        return Step(
+            ns.name,
+            Action.NOOP,
+            Reason.KEY_MISSING,
+            existing,
+            grant.target_name,
+            message=f"source has no key {missing_key!r}; last copy kept",
+        )
+    rival = _senior_rival(snap, grant, ns) if snap.rivals else None
+    if rival is not None:
+        return Step(
+            ns.name,
+            Action.NOOP,
+            Reason.GRANT_CONFLICT,
+            existing,
+            desired.name,
+            message=f"older grant {rival.name} projects to the same Secret",
+        )
+    return _converge(snap, desired, ns, existing)
 
 
 def _converge(snap: Snapshot, desired: Desired, ns: Namespace, existing: Copy | None) -> Step:
@@ -599,9 +636,7 @@ def _converge(snap: Snapshot, desired: Desired, ns: Namespace, existing: Copy | 
     if existing is None:
         return Step(ns.name, Action.CREATE, Reason.PROJECTED, None, name)
     if not may_write(snap, existing, ns):
-        orphan = claim(snap, existing, ns) is Claim.ORPHAN  # an earlier grant's other copy
-        message = ORPHAN_MESSAGE if orphan else CONFLICT_MESSAGE
-        return Step(ns.name, Action.NOOP, Reason.CONFLICT, existing, name, message)
+        return Step(ns.name, Action.NOOP, Reason.CONFLICT, existing, name, CONFLICT_MESSAGE)
     if existing.deleting:
         return Step(ns.name, Action.NOOP, Reason.COPY_DELETING, existing, name)
     in_sync = desired.in_sync(existing)

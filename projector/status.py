@@ -127,7 +127,7 @@ def compute(
     source = plan.snapshot.source
     if source is not None and source.ignored_export_to:
         ignored = ", ".join(source.ignored_export_to)[:200]
-        source_msg = f"{source_msg}; export-to entries that match no namespace: {ignored}"
+        source_msg = f"{source_msg}; {IGNORED_EXPORT_TO}{ignored}"
     if not source_ok:
         ready, reason, message = False, source_reason, source_msg
     elif errors:
@@ -216,11 +216,20 @@ STATE_REASONS = frozenset(
 (per-namespace failures, NamespaceMissing included, have their own Events)."""
 
 
-def _ready(status: Mapping[str, Any] | None) -> Mapping[str, Any]:
+IGNORED_EXPORT_TO = "export-to entries that match no namespace: "
+"""How SourceAvailable's message names the source's unusable export-to entries."""
+
+
+def _stored(status: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any]:
     for c in (status or {}).get("conditions") or ():
-        if c.get("type") == "Ready":
+        if c.get("type") == type_:
             return dict(c)
     return {}
+
+
+def _ignored_export_to(status: Mapping[str, Any] | None) -> str:
+    message = str(_stored(status, "SourceAvailable").get("message", ""))
+    return message.partition(IGNORED_EXPORT_TO)[2]
 
 
 def events(
@@ -228,20 +237,26 @@ def events(
     old: Mapping[str, Any] | None,
     new: Mapping[str, Any] | None = None,
 ) -> list[Event]:
-    """Events for what changed: writes, new failures, and Ready turning False grant-wide.
+    """Events for what changed: writes, failures, Ready False, unusable export-to entries.
 
     Writes are aggregated; a failure already in the stored status is not told again; Ready
-    turning False for a reason about the whole grant is told once, not at every reconcile.
+    turning False for a reason about the whole grant, or the source's unusable export-to
+    entries, are told once, not at every reconcile.
     """
     done = Counter(o.step.action for o in outcomes if o.written)
     out: list[Event] = []
-    now, before = _ready(new), _ready(old)
+    now, before = _stored(new, "Ready"), _stored(old, "Ready")
     if (
         now.get("status") == "False"
         and now.get("reason") in STATE_REASONS
         and (before.get("status"), before.get("reason")) != ("False", now["reason"])
     ):
         out.append(Event("Warning", now["reason"], str(now.get("message", ""))))
+    ignored = _ignored_export_to(new)
+    if ignored and ignored != _ignored_export_to(old):
+        out.append(
+            Event("Warning", "InvalidExportTo", f"the source's {IGNORED_EXPORT_TO}{ignored}")
+        )
     for action, verb in (
         (Action.CREATE, "Created"),
         (Action.UPDATE, "Updated"),

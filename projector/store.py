@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections import defaultdict
 from collections.abc import Callable, Hashable, ItemsView, Iterator
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from typing import Any, Generic, TypeVar
 import structlog
 
 from projector.api import GRANTS, NAMESPACES, SECRETS, Api, Obj, Resource
-from projector.errors import ApiError, NotFound, ProjectorError
+from projector.errors import ApiError, InvalidGrant, NotFound, ProjectorError
 from projector.model import (
     EXPORT_LABEL,
     EXPORT_VALUE,
@@ -89,22 +90,40 @@ class Spec(Generic[K, T]):
     page: int = 500
     """Objects per list request: a list is parsed one page at a time, so this bounds memory."""
 
+    def key_of(self, obj: Obj) -> K | None:
+        """The cache key of a raw object; None (logged, with why) if its metadata lacks it."""
+        try:
+            return self.key(obj)
+        except (KeyError, TypeError, ValueError) as e:
+            self._skipped(obj, e)
+            return None
+
+    def value_of(self, obj: Obj) -> T | None:
+        """The cached value of a raw object; None (logged, with why) if it cannot be parsed."""
+        try:
+            return self.parse(obj)
+        except (KeyError, TypeError, ValueError, ProjectorError) as e:
+            self._skipped(obj, e)
+            return None
+
     def entry(self, obj: Obj) -> tuple[K, T] | None:
         """The cache key and value of a raw object; None (logged) if it cannot be parsed.
 
         One malformed object never stops a list, a watch or a one-shot load.
         """
-        try:
-            return self.key(obj), self.parse(obj)
-        except (KeyError, TypeError, ValueError, ProjectorError) as e:
-            meta = obj.get("metadata") or {}
-            log.warning(
-                "skipping unparseable object",
-                kind=self.kind.value,
-                object=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
-                error=type(e).__name__,
-            )
+        if (k := self.key_of(obj)) is None or (value := self.value_of(obj)) is None:
             return None
+        return k, value
+
+    def _skipped(self, obj: Obj, error: Exception) -> None:
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        meta = meta if isinstance(meta, dict) else {}
+        log.warning(
+            "skipping unparseable object",
+            kind=self.kind.value,
+            object=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+            **why(error),
+        )
 
     def entries(self, page: list[Obj]) -> Iterator[tuple[K, T]]:
         """The entries of a list page, emptying the page as it goes.
@@ -112,10 +131,37 @@ class Spec(Generic[K, T]):
         Each raw object (a whole 1 MiB Secret) is freed as soon as it is parsed, not when the
         page is done.
         """
+        for k, value in self.keyed(page):
+            if value is not None:
+                yield k, value
+
+    def keyed(self, page: list[Obj]) -> Iterator[tuple[K, T | None]]:
+        """Like `entries`, but an object with a key and an unparseable value comes as None.
+
+        It exists on the server, so what the cache knew of it is kept.
+        """
         page.reverse()
         while page:
-            if (entry := self.entry(page.pop())) is not None:
-                yield entry
+            obj = page.pop()
+            if (k := self.key_of(obj)) is not None:
+                yield k, self.value_of(obj)
+
+
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+
+
+def why(error: Exception) -> dict[str, str]:
+    """What a parse failure says, for a log line: the field and the message, never a value.
+
+    A KeyError names the missing field; a refused grant says why in its own words (written
+    without values); any other message has its quoted parts (where Python puts values, as in
+    `invalid literal for int(): 'x'`) replaced, and is cut to 200 characters.
+    """
+    if isinstance(error, KeyError) and error.args:
+        return {"error": "KeyError", "field": str(error.args[0]), "message": "missing"}
+    if isinstance(error, InvalidGrant):
+        return {"error": "InvalidGrant", "message": error.why[:200]}
+    return {"error": type(error).__name__, "message": _QUOTED.sub("'…'", str(error))[:200]}
 
 
 SECRET_PAGE = 20

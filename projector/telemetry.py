@@ -148,6 +148,13 @@ class Metrics:
         self.status_writes = Counter(
             "projector_status_writes_total", "Grant status writes.", registry=r
         )
+        self.status_write_failures = Counter(
+            "projector_status_write_failures_total",
+            "Tries of a grant status write that failed, by status code (0: no response); each "
+            "is retried, and a reconcile whose status could not be written fails and backs off.",
+            ["code"],
+            registry=r,
+        )
         self.projections = Gauge(
             "projector_projections",
             "Namespaces per projection state (reason).",
@@ -345,6 +352,10 @@ class Metrics:
     def write(self, action: Action, result: WriteResult) -> None:
         """One copy write ended with `result`."""
         self.writes.labels(action.value, result.value).inc()
+
+    def status_write_failed(self, code: int) -> None:
+        """One try of a status write failed with HTTP status `code` (0: no response)."""
+        self.status_write_failures.labels(str(code)).inc()
 
     def bind_queue(self, queue: Any) -> None:
         """Read the queue's gauges at scrape time, so they are never stale."""

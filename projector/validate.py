@@ -25,6 +25,8 @@ import cel
 import jsonschema
 import yaml
 
+from projector.model import is_subdomain
+
 CRD_RESOURCE = "crd.yaml"
 """The chart's CRD, packaged into the wheel under this name (see pyproject.toml)."""
 _REPO_CRD = (
@@ -32,7 +34,6 @@ _REPO_CRD = (
     / "deploy/helm/projector/crds/projector.nebari.dev_projectiongrants.yaml"
 )
 _REQUIRED = re.compile(r"'(.+)' is a required property")
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 KUBERNETES_CEL: Mapping[str, Callable[..., Any]] = {
     "split": lambda s, sep: s.split(sep),
@@ -192,7 +193,7 @@ def check_document(crd: Crd, doc: Any, node: yaml.Node, file: str) -> list[Error
     )
     if not isinstance(name, str) or not name:
         add(("metadata",), "metadata.name is required")
-    elif len(name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(name):
+    elif not is_subdomain(name):
         add(("metadata", "name"), "must be a DNS-1123 subdomain (lower case, digits, '-', '.')")
 
     bad_places: list[Path_] = []

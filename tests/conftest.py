@@ -33,7 +33,7 @@ from tests.support import (
 )
 
 TESTS_DIR = Path(__file__).resolve().parent
-CATEGORIES = ("unit", "integration", "harness", "kind")
+CATEGORIES = ("unit", "integration", "harness", "node", "kind")
 PEAK_RSS = pytest.StashKey[dict[str, int]]()
 
 

@@ -3,13 +3,19 @@
 Starts (or reuses) the local control plane, runs `projector run` with the shipped RBAC, applies
 the producers of grants/examples/ and the grants of grants/, and narrates what it observes:
 the copies appearing, a token rotation landing in the copy, a new pack namespace served on
-creation, and a key that never leaves its producer. Every step is observed through the API,
+creation, and a key that never leaves its producer. Where a node can start here (tests/node:
+root, Debian's runc and CNI plugins), a pod in dask-gateway then reads its copy as a file and an
+env var, and a rotation reaches the file but not the env var; where it cannot, the demo says
+exactly why and goes on. Every step is observed through the API,
 not assumed; the exit code is 0 only if every step was seen. Colour only on a terminal.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
+import re
 import signal
 import subprocess
 import sys
@@ -22,8 +28,10 @@ from typing import Any, TypeVar
 import yaml
 from kubernetes import client, utils
 
-from tests.controlplane.plane import ControlPlane
+from tests.controlplane.plane import ControlPlane, ControlPlaneError, ensure_binaries
 from tests.launcher import REPO, ControllerProcess, launch
+from tests.node.images import ImageError, import_busybox_image
+from tests.node.node import Node, NodeError, ensure_node_binaries, missing_prerequisites
 from tests.support import api_client, decode, eventually, projector_kubeconfig
 
 T = TypeVar("T")
@@ -125,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         kubeconfig = projector_kubeconfig(api, plane, Path(tmp) / "kubeconfig")
         ctl = launch(kubeconfig, Path(tmp) / "controller.log")
         try:
-            run_story(story, core, custom, api, ctl)
+            token = run_story(story, core, custom, api, ctl)
+            pod_story(story, core, plane, Path(tmp), token)
         finally:
             code = ctl.stop(signal.SIGINT)
             if code != 0:
@@ -150,7 +159,8 @@ def run_story(
     custom: client.CustomObjectsApi,
     api: client.ApiClient,
     ctl: ControllerProcess,
-) -> None:
+) -> str:
+    """The control-plane steps; the token the copy holds at the end."""
     story.step(
         "projector runs as its ServiceAccount (deploy/rbac) and its caches sync",
         ctl.ready,
@@ -225,6 +235,114 @@ def run_story(
         "projector restores it (drift correction)",
         lambda: secret_data(core, "dask-gateway", "jupyterhub-contract") == {"api-token": token},
     )
+    return token
+
+
+NODE_STEPS = 3
+# The pod prints digests, never the token: a pod log is no place for a Secret's value.
+READER = (
+    'echo env=$(printf %s "$API_TOKEN" | busybox sha256sum | busybox cut -c1-64); '
+    "while true; do echo file=$(busybox sha256sum /etc/contract/api-token | busybox cut -c1-64); "
+    "sleep 0.2; done"
+)
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def _last(log: str, key: str) -> str | None:
+    found = re.findall(rf"^{key}=([0-9a-f]{{64}})$", log, re.M)
+    return found[-1] if found else None
+
+
+def pod_story(
+    story: Story, core: client.CoreV1Api, plane: ControlPlane, tmp: Path, token: str
+) -> None:
+    """A node, and a dask-gateway pod reading its copy; or, where no node can start, why."""
+    reason = missing_prerequisites()
+    node = None
+    if reason is None:
+        try:
+            node = Node(tmp / "node", plane, ensure_binaries(), ensure_node_binaries())
+            node.start()
+            image = import_busybox_image(node)
+        except (NodeError, ControlPlaneError, ImageError) as exc:
+            reason, node = str(exc).splitlines()[0], None
+    if node is None:
+        story.say(f"no node can start here, so no pod reads the copy: {reason}")
+        return
+    try:
+        story.step(f"a node ({node.name}) joins with its own identity and is Ready", node.ready)
+        pod = client.V1Pod(
+            metadata=client.V1ObjectMeta(name="gateway-reader"),
+            spec=client.V1PodSpec(
+                termination_grace_period_seconds=0,
+                containers=[
+                    client.V1Container(
+                        name="reader",
+                        image=image,
+                        image_pull_policy="Never",
+                        command=["sh", "-c", READER],
+                        env=[
+                            client.V1EnvVar(
+                                name="API_TOKEN",
+                                value_from=client.V1EnvVarSource(
+                                    secret_key_ref=client.V1SecretKeySelector(
+                                        name="jupyterhub-contract", key="api-token"
+                                    )
+                                ),
+                            )
+                        ],
+                        volume_mounts=[
+                            client.V1VolumeMount(name="contract", mount_path="/etc/contract")
+                        ],
+                    )
+                ],
+                volumes=[
+                    client.V1Volume(
+                        name="contract",
+                        secret=client.V1SecretVolumeSource(secret_name="jupyterhub-contract"),
+                    )
+                ],
+            ),
+        )
+        with contextlib.suppress(client.ApiException):
+            core.delete_namespaced_pod("gateway-reader", "dask-gateway", grace_period_seconds=0)
+        eventually(lambda: _absent(core), 60)
+        core.create_namespaced_pod("dask-gateway", pod)
+
+        def log() -> str:
+            return str(core.read_namespaced_pod_log("gateway-reader", "dask-gateway"))
+
+        story.step(
+            "a dask-gateway pod reads the copy as a file and as an env var (its log, via the API)",
+            lambda: _last(log(), "env") == _digest(token) == _last(log(), "file"),
+            timeout=90,
+        )
+        story.say("JupyterHub rotates the token again ...")
+        rotated = f"{token}-r"
+        core.patch_namespaced_secret(
+            "hub", "jupyterhub", {"stringData": {"hub.services.dask-gateway.apiToken": rotated}}
+        )
+        story.step(
+            "the file in the running pod follows; the env var keeps its start value",
+            lambda: (
+                _last(log(), "file") == _digest(rotated) and _last(log(), "env") == _digest(token)
+            ),
+        )
+        core.delete_namespaced_pod("gateway-reader", "dask-gateway", grace_period_seconds=0)
+    finally:
+        node.stop()
+        story.say("the node stopped; the host is as it was before it started")
+
+
+def _absent(core: client.CoreV1Api) -> bool:
+    try:
+        core.read_namespaced_pod("gateway-reader", "dask-gateway")
+    except client.ApiException as exc:
+        return exc.status == 404
+    return False
 
 
 if __name__ == "__main__":

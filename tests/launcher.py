@@ -175,8 +175,17 @@ def launch(
 
 def validate(*args: Path | str) -> subprocess.CompletedProcess[str]:
     """Run `projector validate ARGS...` from the repository; its output, exit code not checked."""
+    return _cli("validate", *args)
+
+
+def explain(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run `projector explain ARGS...` against a cluster; its output, exit code not checked."""
+    return _cli("explain", *args, f"--kubeconfig={kubeconfig}")
+
+
+def _cli(*args: Path | str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "projector", "validate", *map(str, args)],
+        [sys.executable, "-m", "projector", *map(str, args)],
         cwd=REPO,
         capture_output=True,
         text=True,

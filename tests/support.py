@@ -8,7 +8,6 @@ watches, controllers), and fixed sleeps are both slow and flaky.
 from __future__ import annotations
 
 import base64
-import contextlib
 import functools
 import json
 import re
@@ -23,7 +22,8 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
 import yaml
-from kubernetes import client, config, utils
+from kubernetes import client, config
+from kubernetes.dynamic import DynamicClient
 
 from tests.controlplane.plane import ControlPlane, kubeconfig_dict, write_kubeconfig
 
@@ -166,19 +166,48 @@ class ServiceAccountKubeconfigFactory(Protocol):
         ...
 
 
-def projector_kubeconfig(api: client.ApiClient, plane: ControlPlane, dest: Path) -> Path:
-    """Install deploy/rbac/ and write a kubeconfig of its ServiceAccount (never admin).
+RBAC = Path(__file__).resolve().parents[1] / "deploy" / "rbac"
+"""The shipped RBAC manifests (rendered from the chart by `make manifests`)."""
+
+
+def apply_manifests(api: client.ApiClient, directory: Path) -> int:
+    """Server-side apply every document of `directory/*.yaml`; return how many were applied.
+
+    Idempotent (an object already there is applied again, so a session reusing a plane still
+    has its content checked by the server), and nothing is suppressed: a manifest the API
+    server refuses, or one of a kind it does not know, fails the run.
+    """
+    dynamic = DynamicClient(api)
+    applied = 0
+    for f in sorted(directory.glob("*.yaml")):
+        for doc in yaml.safe_load_all(f.read_text()):
+            if not doc:
+                continue
+            resource = dynamic.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+            dynamic.server_side_apply(
+                resource, body=doc, field_manager="projector-tests", force_conflicts=True
+            )
+            applied += 1
+    return applied
+
+
+def projector_kubeconfig(
+    api: client.ApiClient, plane: ControlPlane, dest: Path, rbac: Path = RBAC
+) -> Path:
+    """Install the shipped RBAC (`rbac`) and write a kubeconfig of its ServiceAccount (never
+    admin).
 
     The controller under test or in the demo then runs with exactly the shipped permissions.
     """
     namespace = "projector-system"
     core = client.CoreV1Api(api)
-    with contextlib.suppress(client.ApiException):
+    try:
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    for f in sorted((Path(__file__).resolve().parents[1] / "deploy" / "rbac").glob("*.yaml")):
-        for doc in yaml.safe_load_all(f.read_text()):
-            with contextlib.suppress(utils.FailToCreateError):  # already there: idempotent
-                utils.create_from_dict(api, doc)
+    except client.ApiException as e:
+        if e.status != 409:  # only "already exists" is fine
+            raise
+    if not apply_manifests(api, rbac):
+        raise AssertionError(f"no manifest in {rbac}")
     token = request_token(core, "projector", namespace)
     user = f"system:serviceaccount:{namespace}:projector"
     return write_token_kubeconfig(dest, plane, token, user=user, namespace=namespace)
@@ -324,6 +353,16 @@ class Cluster:
         except client.ApiException as e:
             if e.status != 404:
                 raise
+
+    def grant_gone(self, name: str) -> bool:
+        """The API server answers 404 for the grant: deleted (and no finalizer held it)."""
+        try:
+            self.get_grant(name)
+        except client.ApiException as e:
+            if e.status == 404:
+                return True
+            raise
+        return False
 
     def status(self, name: str) -> dict[str, Any]:
         return self.get_grant(name).get("status") or {}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build kube-apiserver, kube-controller-manager and etcd from their published Go modules into a
-# cache outside the repository, keyed by version. A second run finds the binaries and exits at once.
+# Build etcd and, from the one k8s.io/kubernetes wrapper module, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubelet and kubectl into a cache outside the repository,
+# keyed by version. A second run finds the binaries and exits at once.
 #
 # Why wrapper modules: k8s.io/kubernetes requires its staging modules at v0.0.0 and maps them to
 # ./staging by `replace`, which only the main module may do; so a small module of ours requires
@@ -13,6 +14,11 @@ cache="${PROJECTOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/projector}"
 bin="$cache/bin/kube-$KUBE_VERSION-etcd-$ETCD_VERSION"
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 mkdir -p "$bin"
+# Two builds at once (make binaries and a pytest session) would write the same .tmp files.
+exec 9>"$cache/kube-build.lock"
+flock 9
+# The commands of the wrapper module (tools.go is generated from this list).
+KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 
 log() { printf '[controlplane] %s\n' "$*" >&2; }
 fail() { log "FAILED: $*"; exit 1; }
@@ -34,28 +40,29 @@ build_kube() {
       go mod edit -go=1.26.0 -require="k8s.io/kubernetes@$KUBE_VERSION"
       sed -n 's|^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/src/k8s.io/.*|\1|p' "$gomod" \
         | while read -r m; do go mod edit -replace="$m=$m@$staging"; done
-      cat > tools.go <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-)
-GO
-      go mod tidy >/dev/null || fail "go mod tidy in $work"
     )
+  fi
+  # A cache made by an older build.sh holds a tools.go (and go.sum) for fewer commands: rewrite
+  # it and tidy again whenever it is not exactly ours, so a warm cache grows instead of failing.
+  local tools
+  tools="$(printf '//go:build tools\n\npackage tools\n\nimport (\n'; \
+    for cmd in "${KUBE_CMDS[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$cmd"; done; printf ')\n')"
+  if [[ "$(cat "$work/tools.go" 2>/dev/null)" != "$tools" ]]; then
+    log "tidying $work for ${KUBE_CMDS[*]}"
+    printf '%s\n' "$tools" > "$work/tools.go"
+    (cd "$work" && go mod tidy >/dev/null) || fail "go mod tidy in $work"
   fi
   local ld="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION"
   ld+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor%%.*}"
   ld+=" -X k8s.io/component-base/version.gitTreeState=clean"
-  for cmd in kube-apiserver kube-controller-manager; do
+  for cmd in "${KUBE_CMDS[@]}"; do
     [[ -x "$bin/$cmd" ]] && continue
     log "building $cmd $KUBE_VERSION (cold: many minutes on 2 cores)"
+    local t0; t0=$(date +%s)
     (cd "$work" && go build -trimpath -ldflags "$ld" -o "$bin/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd") \
       || fail "go build k8s.io/kubernetes/cmd/$cmd@$KUBE_VERSION"
     mv "$bin/$cmd.tmp" "$bin/$cmd"
+    log "built $cmd in $(( $(date +%s) - t0 ))s"
   done
 }
 

@@ -1,9 +1,11 @@
-"""A real etcd + kube-apiserver + kube-controller-manager on loopback, started the envtest way.
+"""A real etcd + kube-apiserver + kube-controller-manager + kube-scheduler on loopback.
 
 Integration tests, the demo and benchmarks need a real API server (DESIGN.md section 5); this
-module starts one from the binaries that ``build.sh`` caches, with RBAC on and a ServiceAccount
-signing key so TokenRequest works, and records what it started in its root directory so that a
-different process (``python -m tests.controlplane down``) can stop it.
+module starts one from the binaries that ``build.sh`` caches, with Node,RBAC authorization,
+NodeRestriction, a ServiceAccount signing key so TokenRequest works, a node identity and a
+kubelet client certificate so that a node (tests/node) can join it, and records what it started
+in its root directory so that a different process (``python -m tests.controlplane down``) can
+stop it.
 """
 
 from __future__ import annotations
@@ -46,14 +48,28 @@ DEFAULT_CRD_DIR = REPO_ROOT / "deploy" / "crds"
 ETCD = "etcd"
 APISERVER = "kube-apiserver"
 CONTROLLER_MANAGER = "kube-controller-manager"
-PROCESS_NAMES = (ETCD, APISERVER, CONTROLLER_MANAGER)
-# Only what tests need: namespaces that finish deleting, ownerReference garbage collection, and
-# ResourceQuota usage (without it a quota's status stays empty and admission enforces nothing).
+SCHEDULER = "kube-scheduler"
+PROCESS_NAMES = (ETCD, APISERVER, CONTROLLER_MANAGER, SCHEDULER)
+# Only what tests need: namespaces that finish deleting, ownerReference garbage collection,
+# ResourceQuota usage (without it a quota's status stays empty and admission enforces nothing),
+# and what a node's pods need: ServiceAccounts and their tokens, the kube-root-ca.crt ConfigMap
+# in-cluster clients mount, Deployments -> ReplicaSets -> Pods, the node lifecycle (it removes the
+# not-ready taint) and PodDisruptionBudget status.
 KCM_CONTROLLERS = (
     "namespace-controller",
     "garbage-collector-controller",
     "resourcequota-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "node-lifecycle-controller",
+    "disruption-controller",
 )
+NODE_KUBECONFIG = "node.kubeconfig"
+# The API server's client identity towards kubelets (pods/log, exec): bound to this ClusterRole.
+KUBELET_CLIENT = "kube-apiserver-kubelet-client"
 
 STATE_FILE = "state.json"
 ADMIN_KUBECONFIG = "admin.kubeconfig"
@@ -87,6 +103,18 @@ def cache_dir() -> Path:
         return Path(env)
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(xdg) / "projector"
+
+
+def node_name() -> str:
+    """The one node's name: the machine's hostname where it resolves to 127.0.0.1 (the API
+    server reaches a kubelet by its Hostname address, and only loopback is a target here),
+    else ``localhost``."""
+    host = socket.gethostname().lower()
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None, socket.AF_INET)}
+    except OSError:
+        return "localhost"
+    return host if addresses and all(a.startswith("127.") for a in addresses) else "localhost"
 
 
 def ensure_binaries(script: Path = BUILD_SCRIPT) -> Path:
@@ -559,6 +587,7 @@ class ControlPlane:
         self.server = ""
         self.etcd_url = ""
         self.kcm_url = ""
+        self.scheduler_url = ""
 
     # paths
     @property
@@ -575,6 +604,11 @@ class ControlPlane:
     def kubeconfig(self) -> Path:
         """The admin (system:masters) kubeconfig, credentials inline."""
         return self.root / ADMIN_KUBECONFIG
+
+    @property
+    def node_kubeconfig(self) -> Path:
+        """The node's kubeconfig: ``system:node:<node_name()>`` in ``system:nodes``."""
+        return self.root / NODE_KUBECONFIG
 
     @property
     def ca_file(self) -> Path:
@@ -634,10 +668,11 @@ class ControlPlane:
 
     def _start_once(self) -> None:
         self._clean()
-        etcd_port, peer_port, api_port, kcm_port = free_ports(4)
+        etcd_port, peer_port, api_port, kcm_port, scheduler_port = free_ports(5)
         self.etcd_url = f"http://127.0.0.1:{etcd_port}"
         self.server = f"https://127.0.0.1:{api_port}"
         self.kcm_url = f"https://127.0.0.1:{kcm_port}"
+        self.scheduler_url = f"https://127.0.0.1:{scheduler_port}"
         self._write_pki()
 
         peer = f"http://127.0.0.1:{peer_port}"
@@ -670,7 +705,16 @@ class ControlPlane:
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={pki / 'apiserver.key'}",
                 f"--client-ca-file={pki / 'client-ca.crt'}",
-                "--authorization-mode=RBAC",
+                # Node: a kubelet reads only what its own pods use; NodeRestriction: it writes
+                # only its own Node and its pods' status.
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                # pods/log and exec: the API server calls the kubelet by its Hostname address
+                # (a name that resolves to loopback) and checks its serving certificate.
+                f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+                f"--kubelet-certificate-authority={pki / 'serving-ca.crt'}",
+                "--kubelet-preferred-address-types=Hostname",
                 f"--service-account-issuer={self.server}",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
@@ -689,6 +733,8 @@ class ControlPlane:
                 # /healthz probe, an always-allowed path; with them it loops on a missing
                 # requestheader CA.
                 f"--controllers={','.join(KCM_CONTROLLERS)}",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'serving-ca.crt'}",
                 "--leader-elect=false",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={kcm_port}",
@@ -700,11 +746,51 @@ class ControlPlane:
         )
         self._write_state()
         self._wait_for(CONTROLLER_MANAGER, f"{self.kcm_url}/healthz", tls=True)
+        self._spawn(
+            SCHEDULER,
+            [
+                f"--kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={scheduler_port}",
+                f"--cert-dir={pki}",
+                f"--tls-cert-file={pki / 'scheduler.crt'}",
+                f"--tls-private-key-file={pki / 'scheduler.key'}",
+                "--profiling=false",
+            ],
+        )
+        self._write_state()
+        self._wait_for(SCHEDULER, f"{self.scheduler_url}/healthz", tls=True)
+        self._bind_kubelet_client()
         if self.crd_dir is not None and self.crd_dir.is_dir():
             self.apply_crds(sorted(self.crd_dir.glob("*.y*ml")))
 
+    def _bind_kubelet_client(self) -> None:
+        """Let the API server's kubelet client identity call every kubelet API (logs, exec)."""
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": KUBELET_CLIENT},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "system:kubelet-api-admin",
+            },
+            "subjects": [
+                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": KUBELET_CLIENT}
+            ],
+        }
+        base = f"{self.server}/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
+        self._request(
+            "PATCH",
+            f"{base}/{KUBELET_CLIENT}?fieldManager=projector-tests&force=true",
+            body=json.dumps(binding).encode(),
+            content_type="application/apply-patch+yaml",
+        )
+
     def stop(self) -> None:
-        """Stop controller-manager, apiserver, etcd (in that order); nothing is left running.
+        """Stop scheduler, controller-manager, apiserver, etcd (in that order); nothing is left
+        running.
 
         Each process group gets SIGTERM and a bounded wait, then every group gets SIGKILL and is
         reaped. Raises ControlPlaneError only if a process survives SIGKILL; it stays recorded
@@ -786,6 +872,7 @@ class ControlPlane:
         plane.server = state.get("server", "")
         plane.etcd_url = state.get("etcd", "")
         plane.kcm_url = state.get("controller_manager", "")
+        plane.scheduler_url = state.get("scheduler", "")
         for name, info in state.get("processes", {}).items():
             plane.processes[name] = Process(
                 name,
@@ -802,6 +889,7 @@ class ControlPlane:
             "server": self.server,
             "etcd": self.etcd_url,
             "controller_manager": self.kcm_url,
+            "scheduler": self.scheduler_url,
             "kubeconfig": str(self.kubeconfig),
             "processes": {
                 name: {"pid": p.pid, "exe": p.exe, "log": str(p.log), "start_ticks": p.start_ticks}
@@ -820,18 +908,29 @@ class ControlPlane:
             shutil.rmtree(self.root / name, ignore_errors=True)
             if (self.root / name).exists():
                 raise ControlPlaneError(f"cannot remove {self.root / name} for a fresh start")
-        for name in (ADMIN_KUBECONFIG, STATE_FILE):
+        for name in (ADMIN_KUBECONFIG, NODE_KUBECONFIG, STATE_FILE):
             (self.root / name).unlink(missing_ok=True)
         self.logs.mkdir()
 
     def _write_pki(self) -> None:
         serving_ca = TinyCA("projector-tests-serving-ca")
         client_ca = TinyCA("projector-tests-client-ca")
-        apiserver, kcm = (
+        apiserver, kcm, scheduler = (
             serving_ca.issue(cn, server=True, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
-            for cn in ("kube-apiserver", "kube-controller-manager")
+            for cn in ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
         )
         admin = client_ca.issue("admin", organizations=["system:masters"], client=True)
+        node = node_name()
+        # The node's identity (the Node authorizer's system:node:NAME in system:nodes), the
+        # kubelet's serving certificate (checked by the API server), and the API server's
+        # client certificate towards the kubelet.
+        node_client = client_ca.issue(
+            f"system:node:{node}", organizations=["system:nodes"], client=True
+        )
+        kubelet_serving = serving_ca.issue(
+            node, server=True, dns_names=sorted({node, "localhost"}), ip_addresses=["127.0.0.1"]
+        )
+        kubelet_client = client_ca.issue(KUBELET_CLIENT, client=True)
         sa_key = ec.generate_private_key(ec.SECP256R1())
         sa_pub = sa_key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
@@ -839,7 +938,16 @@ class ControlPlane:
         pki = self.pki
         _write(pki / "serving-ca.crt", serving_ca.cert_pem)
         _write(pki / "client-ca.crt", client_ca.cert_pem)
-        for name, pair in (("apiserver", apiserver), ("kcm", kcm), ("admin", admin)):
+        pairs = (
+            ("apiserver", apiserver),
+            ("kcm", kcm),
+            ("scheduler", scheduler),
+            ("admin", admin),
+            ("node", node_client),
+            ("kubelet", kubelet_serving),
+            ("kubelet-client", kubelet_client),
+        )
+        for name, pair in pairs:
             _write(pki / f"{name}.crt", pair.cert_pem)
             _write(pki / f"{name}.key", pair.key_pem, secret=True)
         _write(pki / "sa.key", _key_pem(sa_key), secret=True)
@@ -847,6 +955,12 @@ class ControlPlane:
         write_kubeconfig(
             self.kubeconfig,
             kubeconfig_dict(self.server, serving_ca.cert_pem, user="admin", cert=admin),
+        )
+        write_kubeconfig(
+            self.node_kubeconfig,
+            kubeconfig_dict(
+                self.server, serving_ca.cert_pem, user=f"system:node:{node}", cert=node_client
+            ),
         )
 
     def _spawn(self, name: str, args: list[str]) -> None:
@@ -961,6 +1075,7 @@ __all__ = [
     "CONTROLLER_MANAGER",
     "ETCD",
     "REPO_ROOT",
+    "SCHEDULER",
     "ControlPlane",
     "ControlPlaneError",
     "KeyPair",
@@ -968,6 +1083,7 @@ __all__ = [
     "describe",
     "ensure_binaries",
     "kubeconfig_dict",
+    "node_name",
     "proc_stat",
     "processes_under",
     "read_versions",

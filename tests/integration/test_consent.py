@@ -238,6 +238,9 @@ def verify(m: Matrix, c: Combination) -> bool:
         assert entry in message.split("match no namespace: ", 1)[-1], seen
     if not p.reported:
         assert "match no namespace" not in message, seen
+    told = [e for e in m.k8s.events(p.grant) if e.reason == "InvalidExportTo"]
+    assert len(told) == (1 if p.reported else 0), [e.message for e in told]
+    assert not told or (told[0].count or 1) == 1, told[0]
     return True
 
 

@@ -10,28 +10,14 @@ a Secret value (every value is a canary, searched for in text and JSON, raw and 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 from tests.controlplane.plane import ControlPlane
-from tests.launcher import REPO, ControllerProcess
+from tests.launcher import ControllerProcess, explain
 from tests.support import Canaries, Cluster, NamespaceFactory, eventually, unique_name
-
-
-def explain(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "projector", "explain", *args, f"--kubeconfig={kubeconfig}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 @pytest.fixture

@@ -11,10 +11,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import structlog.testing
 import yaml
 
 from projector.api import SECRETS, Resource
-from projector.errors import ApiError, Conflict, Forbidden, Invalid, NotFound
+from projector.errors import ApiError, AuthenticationFailed, Conflict, Forbidden, Invalid, NotFound
 from projector.kube import Kube
 from tests.support import NamespaceFactory
 
@@ -91,6 +92,31 @@ async def test_a_401_reauthenticates_once_then_reports_it(
             await kube.get(SECRETS, "x", namespace="default")
         assert err.value.status == 401
         assert codes == [401, 401]  # one re-authentication (the same bad token), then the error
+    finally:
+        await kube.close()
+
+
+async def test_a_failed_reauthentication_says_so_and_backs_off(
+    projector_kubeconfig: Path, tmp_path: Path
+) -> None:
+    """Credentials that cannot be reloaded: not a transient error, logged, and kr8s is not
+    asked again before the backoff has passed (a 401 meanwhile fails at once)."""
+    bad = bad_token_kubeconfig(projector_kubeconfig, tmp_path / "kubeconfig")
+    codes: list[int] = []
+    kube = await Kube.connect(str(bad), on_request=lambda _v, _r, c, _s: codes.append(c))
+    bad.unlink()  # the credentials are gone: reloading them fails
+    try:
+        with structlog.testing.capture_logs() as logs:
+            with pytest.raises(AuthenticationFailed) as first:
+                await kube.get(SECRETS, "x", namespace="default")
+            with pytest.raises(AuthenticationFailed) as second:
+                await kube.get(SECRETS, "x", namespace="default")
+        assert not first.value.transient and first.value.status == 401
+        assert first.value.__cause__ is not None  # kr8s' own error, chained
+        assert "next try in" in second.value.message and second.value.__cause__ is None
+        assert codes == [401, 401]  # one request each, never re-sent
+        failed = [e for e in logs if e["event"] == "re-authentication failed"]
+        assert len(failed) == 1 and failed[0]["next_try_in"] > 0
     finally:
         await kube.close()
 

@@ -7,7 +7,6 @@ never processed the action cannot pass it.
 from __future__ import annotations
 
 import json
-import math
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,7 +59,7 @@ def test_a_namespace_removed_from_the_grant_follows_on_revoke(
     k8s.source(src, "hub", DATA, export_to="*")
     g = k8s.grant((src, "hub"), namespaces=[a, b], on_revoke=policy)
     eventually(lambda: k8s.copy_data(b, "hub") == DATA)
-    assert k8s.status(g)["targets"]["matched"] == 2
+    eventually(lambda: k8s.status(g)["targets"]["matched"] == 2)  # the status follows the copies
     k8s.patch_grant(g, {"spec": {"target": {"namespaces": [a]}}})
     eventually(lambda: k8s.status(g)["targets"]["matched"] == 1)
     if policy == "Delete":
@@ -133,8 +132,13 @@ def test_a_burst_of_source_changes_is_one_write_per_copy(
     start_controller: Any,
     audit_log: Path,
 ) -> None:
-    """50 patches in about 200 ms, debounce 0.2 s: each copy is written once, with the last."""
-    ctl = start_controller("--debounce=0.2", "--debounce-max=1")
+    """50 patches, each well within the debounce (3 s) of the one before, under a maximum wait
+    (60 s) no burst reaches: each copy is written once, with the last value.
+
+    A behaviour, not a speed: only the gaps between patches must stay under 3 s. How many
+    writes a burst costs at the default debounce, and how fast, is `make bench`'s burst.
+    """
+    ctl = start_controller("--debounce=3", "--debounce-max=60", "--debounce-hot-max=60")
     src = make_namespace()
     targets = [make_namespace() for _ in range(3)]
     k8s.source(src, "hub", {"token": "burst-canary-0"}, export_to="*")
@@ -155,7 +159,6 @@ def test_a_burst_of_source_changes_is_one_write_per_copy(
     for t in threads:
         t.join()
     patch(values[49:])
-    seconds = (datetime.now(UTC) - started).total_seconds()
     eventually(lambda: all(k8s.copy_data(ns, "hub") == {"token": values[-1]} for ns in targets))
     eventually(ctl.idle)  # nothing of the burst is still debouncing: no write is yet to come
     writes: dict[str, int] = {ns: 0 for ns in targets}
@@ -167,11 +170,7 @@ def test_a_burst_of_source_changes_is_one_write_per_copy(
             and w.agent.startswith("projector/")
         ):
             writes[w.namespace] += 1
-    if seconds < 0.8:  # the whole burst, plus its trailing 0.2 s, fits the 1 s window
-        assert writes == {ns: 1 for ns in targets}, writes
-    else:  # a slow machine spread it out: one write per debounce window (1 s), plus the last
-        limit = 1 + math.ceil(seconds)
-        assert all(1 <= n <= limit for n in writes.values()), (writes, seconds)
+    assert writes == {ns: 1 for ns in targets}, writes
 
 
 def test_unsatisfiable_grants_are_told_once_and_not_retried_in_a_loop(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,11 +12,9 @@ import pytest
 from kubernetes import client, utils
 
 from tests import reliability
-from tests.launcher import ControllerProcess
+from tests.controlplane.plane import ControlPlane
+from tests.launcher import ControllerProcess, explain
 from tests.support import (
-    GROUP,
-    PLURAL,
-    VERSION,
     Cluster,
     NamespaceFactory,
     deletes_since,
@@ -37,15 +36,7 @@ def test_a_reused_grant_name_leaves_the_earlier_grants_retained_copies_alone(
     retained = k8s.copy(a, "hub")
     assert retained is not None
     k8s.delete_grant(name)
-
-    def gone() -> bool:
-        try:
-            k8s.custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
-        except client.ApiException as e:
-            return e.status == 404
-        return False
-
-    eventually(gone)
+    eventually(lambda: k8s.grant_gone(name))
     # The same name again, for another source and another namespace, with onRevoke Delete.
     k8s.grant((src2, "other"), name=name, namespaces=[b])
     eventually(lambda: k8s.copy_data(b, "other") == {"token": "reuse-canary-2"})
@@ -54,6 +45,55 @@ def test_a_reused_grant_name_leaves_the_earlier_grants_retained_copies_alone(
     assert kept is not None, "the earlier grant's Retained copy was deleted by the new grant"
     assert kept.metadata.uid == retained.metadata.uid
     assert k8s.copy_data(a, "hub") == {"token": "reuse-canary-1"}
+
+
+@pytest.mark.parametrize("refusal", ["not-exported-there", "source-missing", "wanted-there"])
+def test_a_grant_reusing_a_name_where_it_may_not_write_keeps_the_retained_copy(
+    refusal: str,
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    controller: ControllerProcess,
+    control_plane: ControlPlane,
+) -> None:
+    """The reported data loss: grant g (Retain) projects src-a/old into `a` as `shared` and is
+    deleted, its copy kept; a new grant g aims at `a`, target `shared`, for another source that
+    is not exported to `a` (or does not exist, with onSourceDeleted Delete). The copy stays:
+    it follows the policy recorded on it, not the new grant's. Where the new grant may write,
+    the kept copy is a conflict, and `explain` names the earlier grant's copy as the holder."""
+    src_a, src_b, a, elsewhere = (make_namespace() for _ in range(4))
+    k8s.source(src_a, "old", {"token": "orphan-canary-1"}, export_to="*")
+    name = unique_name("reused")
+    k8s.grant((src_a, "old"), name=name, namespaces=[a], target_name="shared", on_revoke="Retain")
+    eventually(lambda: k8s.copy_data(a, "shared") == {"token": "orphan-canary-1"})
+    retained = k8s.version(a, "shared")
+    seen = controller.reconciled(name)
+    k8s.delete_grant(name)
+    eventually(lambda: controller.reconciled(name) > seen and controller.idle())
+    assert k8s.version(a, "shared") == retained
+
+    if refusal != "source-missing":
+        to = a if refusal == "wanted-there" else elsewhere
+        k8s.source(src_b, "new", {"token": "orphan-canary-2"}, export_to=to)
+    k8s.grant(
+        (src_b, "new"),
+        name=name,
+        namespaces=[a],
+        target_name="shared",
+        on_revoke="Delete",
+        on_source_deleted="Delete",
+    )
+    reason = {"not-exported-there": "Denied", "source-missing": "SourceMissing"}.get(
+        refusal, "Conflict"
+    )
+    eventually(lambda: (k8s.condition(name, "Ready") or {}).get("reason") == reason)
+    eventually(lambda: k8s.observed(name) and controller.idle())
+    assert k8s.version(a, "shared") == retained, "the earlier grant's Retained copy was deleted"
+    assert k8s.copy_data(a, "shared") == {"token": "orphan-canary-1"}
+    if refusal == "wanted-there":
+        said = explain(control_plane.kubeconfig, name, "-n", a, "-o", "json")
+        assert said.returncode == 0, said.stderr
+        (only,) = json.loads(said.stdout)["entries"]
+        assert only["state"] == "conflicted" and "earlier grant" in only["why"], only
 
 
 @pytest.mark.fault
@@ -201,3 +241,45 @@ def test_probes_tell_a_dead_informer_and_recover_with_it(
         },
     )
     assert deletes == []
+
+
+def test_a_quota_refusing_secrets_in_one_namespace_is_a_named_failure(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess
+) -> None:
+    """A ResourceQuota `secrets: "0"` (enforced: the plane runs the resourcequota controller)
+    refuses the copy in one namespace: status.failures names it with the server's reason, one
+    Event tells it however often the write is retried, and the grant's other namespace and
+    another grant are projected meanwhile."""
+    src, quoted, fine, other = (make_namespace() for _ in range(4))
+    quota = client.V1ResourceQuota(
+        metadata=client.V1ObjectMeta(name="no-secrets"),
+        spec=client.V1ResourceQuotaSpec(hard={"secrets": "0"}),
+    )
+    k8s.core.create_namespaced_resource_quota(quoted, quota)
+    probe = client.V1Secret(metadata=client.V1ObjectMeta(generate_name="probe-"))
+    eventually(
+        lambda: status_of(lambda: k8s.core.create_namespaced_secret(quoted, probe)) == 403,
+        message="the quota was never enforced (is the resourcequota controller running?)",
+    )
+    want = {"token": "quota-canary"}
+    k8s.source(src, "hub", want, export_to="*")
+    grant = k8s.grant((src, "hub"), namespaces=[quoted, fine])
+    bystander = k8s.grant((src, "hub"), namespaces=[other], target_name="elsewhere")
+
+    def reported() -> dict[str, str] | None:
+        failures = k8s.status(grant).get("failures") or []
+        return next((f for f in failures if f["namespace"] == quoted), None)
+
+    failure = eventually(reported)
+    assert failure["reason"] == "WriteFailed"
+    assert "exceeded quota" in failure["message"], failure
+    assert k8s.copy_data(fine, "hub") == want
+    eventually(lambda: k8s.copy_data(other, "elsewhere") == want)
+    seen = controller.reconciled(grant)
+    eventually(lambda: controller.reconciled(grant) >= seen + 3, message="no retry with backoff")
+    assert k8s.copy(quoted, "hub") is None
+    told = [
+        e for e in k8s.events(grant) if e.reason == "WriteFailed" and quoted in (e.message or "")
+    ]
+    assert len(told) == 1 and told[0].count in (None, 1), [(e.message, e.count) for e in told]
+    assert (k8s.condition(bystander, "Ready") or {}).get("status") == "True"

@@ -11,7 +11,9 @@ that followed it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -224,3 +226,101 @@ def test_429s_are_retried_after_retry_after_and_never_counted_as_written(
         if a.code == 429 and b.at - a.at < floor
     ]
     assert not early, (early[:3], floor)
+
+
+@contextlib.contextmanager
+def seat_kept_busy(kubeconfig: Path, namespace: str, senders: int = 6) -> Iterator[None]:
+    """Keep the throttled level's one seat busy with dry-run creates as the same identity, so
+    that nearly every write of the controller it matches is answered 429, not one in two."""
+    stop = threading.Event()
+    api = api_client(kubeconfig)
+    core = client.CoreV1Api(api)
+    body = client.V1Secret(metadata=client.V1ObjectMeta(name="seat"))
+
+    def send() -> None:
+        while not stop.is_set():
+            try:
+                core.create_namespaced_secret(namespace, body, dry_run="All")
+            except client.ApiException as e:
+                if e.status != 429:
+                    raise
+
+    with ThreadPoolExecutor(senders) as pool:
+        futures = [pool.submit(send) for _ in range(senders)]
+        try:
+            yield
+        finally:
+            stop.set()
+            for f in futures:
+                f.result()
+            api.close()
+
+
+def test_a_throttled_grant_holds_up_no_other_grants_fan_out(
+    throttle: Any,  # first: removed only after the controller stopped
+    service_account_kubeconfig: ServiceAccountKubeconfigFactory,
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    start_controller: Any,
+    custom_objects: client.CustomObjectsApi,
+    audit_log: Path,
+) -> None:
+    """Two write slots in all; grant A's writes are throttled (its namespaces only, the level's
+    one seat kept busy), B's are not. A's refused writes sleep on their Retry-After without
+    holding a slot, so B's whole fan-out lands while A's first reconcile still has most of its
+    retries ahead (a writer that slept holding its slots would make B wait behind them)."""
+    src = make_namespace()
+    throttled = [make_namespace() for _ in range(COPIES)]
+    free = [make_namespace() for _ in range(20)]
+    k8s.source(src, "hub", DATA, export_to="*")
+    kubeconfig = service_account_kubeconfig("projector", "projector-system")
+    user = yaml.safe_load(kubeconfig.read_text())["users"][0]["name"]
+    name = throttle(user, throttled)
+    eventually(
+        lambda: retry_after_of(kubeconfig, throttled[0]),
+        timeout=60,
+        message="API Priority and Fairness never rejected the probes",
+    )
+    started = datetime.now(UTC)
+    ctl: ControllerProcess = start_controller("--write-concurrency=2", kubeconfig=kubeconfig)
+    with seat_kept_busy(kubeconfig, throttled[0]):
+        a = k8s.grant((src, "hub"), namespaces=throttled)
+        eventually(
+            lambda: ctl.metric("projector_api_requests_total", code="429") >= 2,
+            timeout=60,
+            message="grant A's writes were not answered 429",
+        )
+        b = k8s.grant((src, "hub"), namespaces=free, target_name="hub-b")
+        eventually(
+            lambda: k8s.observed(b)["targets"]["projected"] == len(free),
+            timeout=120,
+            message="grant B's fan-out never finished",
+        )
+        # B is done while A's first reconcile still has most of its tries ahead of it: each
+        # of A's writes gets 4, and a writer that slept holding its slots would have made B
+        # wait behind nearly all of them (the audit log counts A's tries so far).
+        a_tries = [
+            w
+            for w in audit_writes(audit_log, started)
+            if w.namespace in throttled and w.agent.startswith("projector/")
+        ]
+        assert ctl.reconciled(a) == 0, "A's first reconcile ended before B's fan-out"
+        assert len(a_tries) < 2 * COPIES, f"B waited behind {len(a_tries)} tries of A"
+    assert all(k8s.copy_data(ns, "hub-b") == DATA for ns in free)
+
+    custom_objects.delete_cluster_custom_object(*FLOWCONTROL, "flowschemas", name)
+    eventually(
+        lambda: k8s.observed(a)["targets"]["projected"] == COPIES,
+        timeout=120,
+        message="A never converged once the FlowSchema was gone",
+    )
+    eventually(ctl.idle)
+    ours = [
+        w
+        for w in audit_writes(audit_log, started)
+        if w.resource == "secrets" and w.agent.startswith("projector/")
+    ]
+    assert any(w.code == 429 and w.namespace in throttled for w in ours)
+    b_writes = [w for w in ours if w.namespace in free]
+    assert [w.verb for w in b_writes if w.code < 300] == ["create"] * len(free)
+    assert all(w.code < 300 for w in b_writes)  # never throttled itself

@@ -17,21 +17,33 @@ from projector.status import Result
 from projector.store import Kind, Store
 from projector.telemetry import Metrics
 from projector.writer import Writer
+from tests.unit.factories import managed_fields
 from tests.unit.fakeapi import FakeApi
 from tests.unit.test_store import copy_obj, grant_obj, ns_obj, source_obj
 
 
 async def controller(
-    api: FakeApi, *, metrics: Metrics | None = None, tracer: trace.Tracer | None = None
+    api: FakeApi,
+    *,
+    metrics: Metrics | None = None,
+    tracer: trace.Tracer | None = None,
+    config: Config | None = None,
 ) -> Controller:
     """A controller wired as `app` wires it, on the API double, its store loaded once."""
     store = Store(api)
     await store.load()
     metrics = metrics or Metrics()
-    writer = Writer(api, metrics=metrics, backoff=(0.001, 0.001), tracer=tracer)
+    writer = Writer(
+        api,
+        metrics=metrics,
+        backoff=(0.001, 0.001),
+        tracer=tracer,
+        status_attempts=3,
+        status_backoff=(0.001, 0.002),
+    )
     return Controller(
         store,
-        config=Config(),
+        config=config or Config(),
         metrics=metrics,
         queue=WorkQueue(),
         writer=writer,
@@ -181,3 +193,68 @@ async def test_copy_events_share_the_debounce_of_source_events() -> None:
     assert (len(ctl.queue), ctl.queue.waiting()) == (0, 1)  # debounced, not run at once
     ctl._enqueue(Kind.GRANT, ["g"])
     assert (len(ctl.queue), ctl.queue.waiting()) == (1, 0)  # a grant change runs at once
+
+
+async def reload(ctl: Controller, api: FakeApi) -> None:
+    """Refill the store as the informers would have seen the writes (the double records no
+    managedFields: here projector's field manager owns the annotations it wrote)."""
+    for (plural, _, _), obj in api.objects.items():
+        meta = obj["metadata"]
+        if plural == SECRETS.plural and "managedFields" not in meta:
+            meta["managedFields"] = [managed_fields("projector", meta.get("annotations") or {})]
+    await ctl.store.load()
+
+
+async def test_a_status_that_could_not_be_written_fails_the_reconcile_and_lands_on_retry() -> None:
+    api = FakeApi()
+    world(api)
+    ctl = await controller(api)
+    api.fail("PATCH_STATUS", *[ServerError(503, "ServiceUnavailable")] * 3)  # every attempt
+    assert await ctl.reconcile("g") is Result.ERROR  # never OK with a stale status
+    patches = ["PATCH_STATUS projectiongrants"] * 3
+    assert verbs(api) == ["CREATE secrets", *patches, "CREATE events"]  # what it did is told
+    assert ctl.metrics.status_write_failures.labels("503")._value.get() == 3
+    assert "status" not in api.objects[GRANTS.plural, "", "g"]
+    api.calls.clear()
+    await reload(ctl, api)  # the copy, and no status
+    assert await ctl.reconcile("g") is Result.OK
+    assert verbs(api) == ["PATCH_STATUS projectiongrants"]
+    assert condition(api) == ("True", "Projected")
+
+
+async def test_a_resync_of_an_in_sync_grant_writes_nothing() -> None:
+    api = FakeApi()
+    world(api)
+    ctl = await controller(api)
+    assert await ctl.reconcile("g") is Result.OK
+    await reload(ctl, api)
+    api.calls.clear()
+    assert ctl.resync_idle() == 1
+    assert await ctl.queue.get() == "g"
+    assert await ctl.reconcile("g") is Result.OK
+    assert verbs(api) == []
+
+
+async def test_a_resync_leaves_a_backing_off_grant_to_its_backoff() -> None:
+    api = FakeApi()
+    world(api)
+    api.add(GRANTS, grant_obj("h", namespaces=["a"], name="t"))
+    ctl = await controller(api)
+    ctl.queue = WorkQueue(backoff_base=60.0)
+    ctl.queue.add_rate_limited("g")
+    assert ctl.resync_idle() == 1  # h only
+    assert (len(ctl.queue), ctl.queue.waiting()) == (1, 1)
+    assert await ctl.queue.get() == "h"
+
+
+async def test_the_resync_queues_every_grant_every_period_until_stopped() -> None:
+    api = FakeApi()
+    world(api)
+    ctl = await controller(api, config=Config(resync_period=0.01))
+    resync = asyncio.create_task(ctl._resync_periodically())
+    for _ in range(2):  # two periods: each queues the grant again once it is idle
+        key = await asyncio.wait_for(ctl.queue.get(), 5)
+        assert key == "g"
+        ctl.queue.done(key)
+    ctl.stop()
+    await asyncio.wait_for(resync, 5)

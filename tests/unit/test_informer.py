@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import pytest
+import structlog.testing
 
 from projector.api import SECRETS, Api, Obj
 from projector.errors import Forbidden, Gone, ServerError
@@ -263,3 +264,78 @@ def test_an_informer_that_stops_stepping_is_wedged() -> None:
     assert not inf.wedged()
     now[0] += 1.5
     assert inf.wedged()
+
+
+async def test_a_deleted_event_whose_object_does_not_parse_still_removes_the_key() -> None:
+    kube = ScriptedKube()
+    kube.objects = {"a": obj("a", "5")}
+    kube.scripts = [([("DELETED", {"metadata": {"name": "a", "resourceVersion": "11"}})], None)]
+    changes: list[tuple[Any, Any]] = []
+    inf = informer(kube, changes)
+    async with running(inf):
+        await asyncio.wait_for(kube.idle.wait(), 5)
+    assert items(inf) == {}
+    assert changes[-1] == ("x", None)
+    assert kube.watch_rvs == ["10", "11"]
+
+
+async def test_an_unparseable_object_of_a_relist_keeps_what_the_cache_knew() -> None:
+    """It still exists on the server: a relist must not report it deleted."""
+    kube = ScriptedKube()
+    kube.objects = {"a": obj("a", "5"), "b": obj("b", "6")}
+    kube.scripts = [([], Gone(410, "Expired"))]
+    kube.later = (
+        {"a": {"metadata": {"name": "a", "resourceVersion": "19"}}, "b": obj("b", "6")},
+        "20",
+    )
+    changes: list[tuple[Any, Any]] = []
+    inf = informer(kube, changes)
+    async with running(inf):
+        await asyncio.wait_for(kube.idle.wait(), 5)
+    assert kube.lists == 2
+    assert items(inf) == {"a": "x", "b": "x"}
+    assert ("x", None) not in changes
+
+
+INT_SPEC: Spec[str, int] = Spec(
+    Kind.COPY, SECRETS, lambda o: int(o["data"]["v"]), lambda o: o["metadata"]["name"]
+)
+
+
+async def test_a_skipped_object_is_logged_with_why_and_never_its_value() -> None:
+    kube = ScriptedKube()
+    kube.objects = {
+        "missing": {"metadata": {"name": "missing", "namespace": "ns", "resourceVersion": "1"}},
+        "bad": obj("bad", "2", "CANARY-not-a-number"),
+    }
+    fake: Api = kube  # type: ignore[assignment]
+    inf = Informer(fake, Cache(INT_SPEC, lambda _o, _n: None), backoff=(0.0, 0.0))
+    with structlog.testing.capture_logs() as logs:
+        async with running(inf):
+            await asyncio.wait_for(kube.idle.wait(), 5)
+    skipped = {e["object"]: e for e in logs if e["event"] == "skipping unparseable object"}
+    assert skipped["ns/missing"]["error"] == "KeyError"
+    assert skipped["ns/missing"]["field"] == "data"
+    assert skipped["ns/bad"]["error"] == "ValueError"
+    assert "invalid literal for int()" in skipped["ns/bad"]["message"]
+    assert "CANARY" not in repr(logs)
+
+
+async def test_list_failures_back_off_by_policy_and_each_retry_is_logged() -> None:
+    kube = ScriptedKube()
+    kube.objects = {"a": obj("a", "5")}
+    kube.page_errors = {(n, 0): ServerError(503, "ServiceUnavailable") for n in (1, 2, 3)}
+    changes: list[tuple[Any, Any]] = []
+    fake: Api = kube  # type: ignore[assignment]
+    cache: Cache[str, str] = Cache(SPEC, lambda old, new: changes.append((old, new)))
+    inf = Informer(fake, cache, backoff=(0.01, 0.03))
+    with structlog.testing.capture_logs() as logs:
+        async with running(inf):
+            await asyncio.wait_for(kube.idle.wait(), 5)
+    retries = [e for e in logs if e["event"] == "watch failed; retrying"]
+    assert [(e["attempt"], e["status"]) for e in retries] == [(1, 503), (2, 503), (3, 503)]
+    waits = [e["retry_in"] for e in retries]
+    # 10 ms doubling, plus up to 10 ms of jitter, capped at 30 ms
+    assert waits == sorted(waits) and waits[0] <= 0.02 and waits[-1] == 0.03
+    assert kube.lists == 4 and items(inf) == {"a": "x"}
+    assert inf.cache.healthy.is_set() and inf.failing_since is None

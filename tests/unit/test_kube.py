@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
+import aiohttp
 import pytest
 
 from projector import kube
 from projector.api import SECRETS
 from projector.errors import ServerError
+from tests.controlplane.plane import free_port
 
 
 @pytest.mark.parametrize(
@@ -29,3 +32,16 @@ def test_a_read_that_succeeds_with_nothing_in_it_is_an_error(body: dict[str, Any
 def test_a_read_with_name_and_uid_is_the_object() -> None:
     body = {"metadata": {"name": "s", "uid": "u"}}
     assert kube._whole(body, SECRETS) is body
+
+
+async def test_a_transport_failure_keeps_its_cause() -> None:
+    """Nothing listens on the port: the error says so, and chains the transport's own."""
+    auth = SimpleNamespace(server=f"https://127.0.0.1:{free_port()}", token=None)
+    client = kube.Kube(auth, None, timeout=5)
+    try:
+        with pytest.raises(ServerError) as err:
+            await client.get(SECRETS, "x", namespace="default")
+    finally:
+        await client.close()
+    assert err.value.status == 0 and err.value.transient
+    assert isinstance(err.value.__cause__, aiohttp.ClientError | OSError)

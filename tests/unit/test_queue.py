@@ -18,6 +18,7 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 
 from projector.queue import QueueShutDown, WorkQueue
@@ -484,27 +485,17 @@ async def test_shut_down_still_hands_out_ready_and_re_added_keys() -> None:
         await queue.get()
 
 
-async def test_drain_waits_until_nothing_is_processing() -> None:
-    queue, _, _ = make()
-    await asyncio.wait_for(queue.drain(), 1)  # idle: returns at once
-    queue.add("a")
-    queue.add("b")
-    a, b = await queue.get(), await queue.get()
-    drain = asyncio.create_task(queue.drain())
-    await asyncio.sleep(0)
-    queue.done(a)
-    await asyncio.sleep(0)
-    assert not drain.done()
-    queue.done(b)
-    await asyncio.wait_for(drain, 1)
-
-
 # -- stateful property test against a model -------------------------------------------------------
 
 KEYS = st.sampled_from(["a", "b"])  # few keys: most operations interact
 RARELY = st.integers(min_value=0, max_value=7)  # a rule with this argument acts one time in 8
 # Integral times and delays keep the model's float arithmetic, and so deadline ties, exact.
 DEBOUNCE, DEBOUNCE_MAX, BACKOFF_BASE, BACKOFF_MAX = 3.0, 5.0, 1.0, 4.0
+HOT_MAX = 20.0
+"""Hot windows double from DEBOUNCE_MAX: 10, then 20."""
+
+REACHED: Counter[str] = Counter()
+"""What the generated runs reached (summed over examples): see test_the_model_reaches_hot_keys."""
 
 
 def run_now(coro: Coroutine[Any, Any, str]) -> str:
@@ -521,14 +512,26 @@ def run_now(coro: Coroutine[Any, Any, str]) -> str:
     raise AssertionError("get() suspended")
 
 
-@settings(max_examples=50, stateful_step_count=30, deadline=None)
-class QueueMachine(RuleBasedStateMachine):
-    """Drive the queue and a plain model side by side.
+class Pending:
+    """The model of one waiting key (the module docstring's rules)."""
 
-    Model per key: *dirty* (in ``ready`` unless processing) or *pending* ``[deadline, first,
-    hard, seq]`` (the module docstring's rules; keys due together come out by (deadline, seq)).
-    ``owed`` holds keys added since they were last handed out: all must come out once time
-    moves far enough.
+    def __init__(self, deadline: float, first: float, hard: float, seq: float) -> None:
+        self.deadline, self.first, self.hard, self.seq = deadline, first, hard, seq
+        self.window = 0.0  # longest the debounce may push it back, from `first`
+        self.trailing = 0.0  # each debounced add pushes it back this far
+        self.adds = 0  # debounced adds collapsed into this run
+
+
+@settings(max_examples=60, stateful_step_count=40, deadline=None)
+class QueueMachine(RuleBasedStateMachine):
+    """Drive the queue and a plain model side by side, hot windows included.
+
+    Model per key: *dirty* (in ``ready`` unless processing) or *pending* (deadline, start of
+    its debounce window, earliest ``add_after`` deadline, seq; keys due together come out by
+    (deadline, seq)). A window that collapsed several adds records when it ended; a key added
+    again within its window of that moment opens a window twice as long (up to HOT_MAX, the
+    trailing push then ``DEBOUNCE_MAX``), else a normal one. ``owed`` holds keys added since
+    they were last handed out: all must come out once time moves far enough.
     """
 
     def __init__(self) -> None:
@@ -537,6 +540,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.queue = WorkQueue[str](
             debounce=DEBOUNCE,
             debounce_max=DEBOUNCE_MAX,
+            debounce_hot_max=HOT_MAX,
             backoff_base=BACKOFF_BASE,
             backoff_max=BACKOFF_MAX,
             clock=self.clock,
@@ -544,8 +548,10 @@ class QueueMachine(RuleBasedStateMachine):
         self.ready: list[str] = []
         self.dirty: set[str] = set()
         self.processing: set[str] = set()
-        self.pending: dict[str, list[float]] = {}
+        self.pending: dict[str, Pending] = {}
         self.failures: Counter[str] = Counter()
+        self.hot: dict[str, float] = {}
+        self.released: dict[str, float] = {}
         self.seq = 0
         self.owed: set[str] = set()
         self.shut = False
@@ -566,6 +572,24 @@ class QueueMachine(RuleBasedStateMachine):
         if key not in self.processing:
             self.ready.append(key)
 
+    def _due(self, key: str, p: Pending) -> None:
+        """A waiting key's deadline came: a busy window is remembered for the hot rule."""
+        if p.adds > 1:
+            self.released[key] = p.deadline
+        self._make_dirty(key)
+
+    def _open_window(self, key: str, p: Pending, now: float) -> None:
+        window = self.hot.get(key, DEBOUNCE_MAX)
+        last = self.released.pop(key, None)
+        if last is not None and now - last < window:
+            window = self.hot[key] = min(2 * window, HOT_MAX)
+            REACHED["hot window"] += 1
+        else:
+            window = DEBOUNCE_MAX
+            self.hot.pop(key, None)
+        p.window = window
+        p.trailing = DEBOUNCE if window <= DEBOUNCE_MAX else DEBOUNCE_MAX
+
     def _accepts(self, key: str) -> bool:
         if self.shut:
             return False
@@ -581,11 +605,13 @@ class QueueMachine(RuleBasedStateMachine):
         target = self.clock.t + delay
         p = self.pending.get(key)
         if p is None:
-            self.pending[key] = [target, math.nan, target, self._next_seq()]
+            self.pending[key] = Pending(target, math.nan, target, self._next_seq())
             return
-        p[2] = min(p[2], target)
-        if target < p[0]:
-            p[0], p[3] = target, self._next_seq()
+        if p.window > DEBOUNCE_MAX and target < p.deadline:
+            REACHED["hot window cut short by a delay"] += 1
+        p.hard = min(p.hard, target)
+        if target < p.deadline:
+            p.deadline, p.seq = target, self._next_seq()
 
     def _get(self) -> str:
         key = run_now(self.queue.get())
@@ -611,16 +637,23 @@ class QueueMachine(RuleBasedStateMachine):
         now = self.clock.t
         p = self.pending.get(key)
         if p is None:
-            self.pending[key] = [now + DEBOUNCE, now, math.inf, self._next_seq()]
+            p = self.pending[key] = Pending(now, now, math.inf, self._next_seq())
+            self._open_window(key, p, now)
+            p.adds = 1
+            p.deadline = now + p.trailing
             return
-        if math.isnan(p[1]):
-            p[1] = now
-        target = min(now + DEBOUNCE, p[1] + DEBOUNCE_MAX, p[2])
-        if target < p[0]:
-            p[3] = self._next_seq()
-        p[0] = target
+        if math.isnan(p.first):
+            p.first = now
+            self._open_window(key, p, now)
+            if p.hard < math.inf:
+                REACHED["debounced add on a delayed key"] += 1
+        p.adds += 1
+        target = min(now + p.trailing, p.first + p.window, p.hard)
+        if target < p.deadline:
+            p.seq = self._next_seq()
+        p.deadline = target
 
-    @rule(key=KEYS, gaps=st.lists(st.integers(min_value=0, max_value=2), max_size=6))
+    @rule(key=KEYS, gaps=st.lists(st.integers(min_value=0, max_value=2), max_size=8))
     def burst(self, key: str, gaps: list[int]) -> None:
         """Add one key again and again with short gaps: the debounce window's own workload."""
         for gap in gaps:
@@ -628,10 +661,35 @@ class QueueMachine(RuleBasedStateMachine):
             self.advance(gap)
             self.matches_model()
 
+    @rule(
+        key=KEYS,
+        gaps=st.lists(st.integers(min_value=0, max_value=3), max_size=10),
+        then_retry=st.booleans(),
+    )
+    def busy_burst(self, key: str, gaps: list[int], then_retry: bool) -> None:
+        """A burst with a worker that takes each key as soon as it is ready (how a key a source
+        keeps rewriting turns hot), maybe ended by a failed run's backoff."""
+        for gap in gaps:
+            self.add(key)
+            self.advance(gap)
+            while self.ready:
+                self._done(self._get())
+            self.matches_model()
+        if then_retry:
+            self.add_rate_limited(key)
+
     @rule(key=KEYS)
     def add_now(self, key: str) -> None:
         self.queue.add_now(key)
         if self._accepts(key):
+            self._make_dirty(key)
+
+    @rule(key=KEYS)
+    def add_idle(self, key: str) -> None:
+        idle = not (self.shut or key in self.dirty or key in self.processing or key in self.pending)
+        assert self.queue.add_idle(key) is idle
+        if idle:
+            self.owed.add(key)
             self._make_dirty(key)
 
     @rule(key=KEYS, delay=st.integers(min_value=-1, max_value=6))
@@ -670,9 +728,11 @@ class QueueMachine(RuleBasedStateMachine):
     def advance(self, seconds: float) -> None:
         self.clock.t += seconds
         self.queue.poll()
-        due = sorted((p[0], p[3], k) for k, p in self.pending.items() if p[0] <= self.clock.t)
+        due = sorted(
+            (p.deadline, p.seq, k) for k, p in self.pending.items() if p.deadline <= self.clock.t
+        )
         for _, _, key in due:
-            self._make_dirty(key)
+            self._due(key, self.pending[key])
 
     @precondition(lambda self: not self.shut)
     @rule(roll=RARELY)
@@ -694,7 +754,7 @@ class QueueMachine(RuleBasedStateMachine):
         """Finish all work and let time pass: everything owed comes out, then all is idle."""
         for key in sorted(self.processing):
             self._done(key)
-        self.advance(max(DEBOUNCE_MAX, BACKOFF_MAX, 6))
+        self.advance(max(HOT_MAX, BACKOFF_MAX, 6))
         while self.ready:
             self._done(self._get())
         assert not self.owed
@@ -706,6 +766,9 @@ class QueueMachine(RuleBasedStateMachine):
     def matches_model(self) -> None:
         assert len(self.queue) == len(self.ready)
         assert self.queue.waiting() == len(self.pending)
+        assert self.queue.debouncing() == sum(
+            1 for p in self.pending.values() if not math.isnan(p.first)
+        )
         assert self.queue.processing == self.processing
         assert all(self.queue.num_requeues(k) == self.failures[k] for k in "ab")
 
@@ -717,7 +780,14 @@ class QueueMachine(RuleBasedStateMachine):
         assert self.queue.processing.isdisjoint(ready)
 
 
-TestQueueModel = QueueMachine.TestCase
+def test_the_model_agrees_with_the_queue_and_reaches_hot_keys() -> None:
+    """The stateful run, and proof that it reached hot windows and their interplay with
+    delays (backoff, add_after): a model that never got there would prove nothing of them."""
+    REACHED.clear()
+    run_state_machine_as_test(QueueMachine)
+    assert REACHED["hot window"] > 0, REACHED
+    assert REACHED["hot window cut short by a delay"] > 0, REACHED
+    assert REACHED["debounced add on a delayed key"] > 0, REACHED
 
 
 def test_a_capped_retry_backs_off_no_further_than_its_cap() -> None:

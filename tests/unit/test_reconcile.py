@@ -100,10 +100,10 @@ G_RETAIN = make_grant(on_revoke=OnRevoke.RETAIN)
 S = make_source()
 S_OLD = make_source(data={"token": b64("t-old"), "url": b64("http://hub")})
 DEAD_G = make_grant(uid="uid-g-deleted-last-week")
+"""An earlier grant of the same name: its uid belongs to no live grant."""
 DEAD_RETAINING = make_grant(uid="uid-g-deleted-retaining", on_revoke=OnRevoke.RETAIN)
 S_ELSEWHERE = make_source("elsewhere")
 """Another source with the same name: its copies land at the same target name."""
-"""An earlier grant of the same name: its uid belongs to no live grant."""
 OLD_RIVAL = make_grant("r", created=T_OLD)
 YOUNG_RIVAL = make_grant("y", created=T1)
 RETAIN, DELETE = OnRevoke.RETAIN, OnRevoke.DELETE
@@ -613,10 +613,66 @@ CASES = [
     ),
     pytest.param(
         Case(
-            {"a": ORPHAN_CONFLICT, "b": CREATED},
+            {"a": REPLACED, "b": CREATED},
             copies=(ours("a", grant=DEAD_G, source=S_ELSEWHERE),),
         ),
-        id="orphan-of-another-source-at-a-wanted-place-not-adopted",
+        id="orphan-of-another-source-at-a-wanted-place-replaced-by-its-recorded-delete",
+    ),
+    pytest.param(
+        Case(
+            {"a": ORPHAN_CONFLICT, "b": CREATED},
+            copies=(ours("a", grant=DEAD_RETAINING, source=S_ELSEWHERE),),
+        ),
+        id="orphan-of-another-source-at-a-wanted-place-retained-not-adopted",
+    ),
+    # The reported data loss: grant g (Retain) is deleted and its copy stays; a new grant g
+    # aims at the same place for a source that may not go there, or that does not exist.
+    pytest.param(
+        Case(
+            {"a": DENIED, "b": DENIED},
+            grant=make_grant(on_revoke=DELETE),
+            source=make_source(export_to=("c",)),
+            copies=(ours("a", grant=DEAD_RETAINING, source=S_ELSEWHERE),),
+        ),
+        id="grant-name-reused-retained-orphan-at-a-denied-place-kept",
+    ),
+    pytest.param(
+        Case(
+            {"a": SOURCE_MISSING, "b": SOURCE_MISSING},
+            grant=make_grant(on_source_deleted=OnSourceDeleted.DELETE),
+            source=None,
+            state=SourceState.MISSING,
+            copies=(ours("a", grant=DEAD_RETAINING, source=S_ELSEWHERE),),
+        ),
+        id="grant-name-reused-retained-orphan-source-missing-kept",
+    ),
+    pytest.param(
+        Case(
+            {"a": SOURCE_MISSING, "b": SOURCE_MISSING},
+            grant=make_grant(on_source_deleted=OnSourceDeleted.DELETE),
+            source=None,
+            state=SourceState.MISSING,
+            copies=(ours("a", grant=DEAD_RETAINING),),
+        ),
+        id="retained-orphan-of-the-same-source-kept-when-the-source-is-missing",
+    ),
+    pytest.param(
+        Case(
+            {"a": REVOKED, "b": DENIED},
+            grant=make_grant(on_revoke=RETAIN),
+            source=make_source(export_to=("c",)),
+            copies=(ours("a", grant=DEAD_G),),
+        ),
+        id="orphan-at-a-denied-place-goes-by-its-recorded-delete-not-the-grants-retain",
+    ),
+    pytest.param(
+        Case(
+            {"a": CONFLICT, "b": CREATED},
+            grant=make_grant(on_revoke=DELETE),
+            copies=(ours("a", grant=DEAD_RETAINING, source=S_ELSEWHERE),),
+            extra_live=(DEAD_RETAINING.uid,),
+        ),
+        id="a-live-grants-copy-at-the-place-is-no-orphan",
     ),
     pytest.param(
         Case(
@@ -1813,6 +1869,11 @@ rivals_st = st.lists(
     max_size=2,
     unique_by=lambda r: r[0],
 )
+orphan_st = st.sampled_from(
+    list(itertools.product(("a", "team-a"), OnRevoke, ("missing", "denied"), (S, S_ELSEWHERE)))
+)
+"""An earlier grant `g` left a copy (its recorded policy, of our source or another) where the
+live grant aims but may not write: the source is missing, or the producer does not export there."""
 copies_st = st.lists(
     st.sampled_from(
         list(
@@ -1835,13 +1896,15 @@ copies_st = st.lists(
 
 
 @st.composite
-def snapshots(draw: st.DrawFn) -> Snapshot:
+def snapshots(draw: st.DrawFn, *, orphaned: bool = False) -> Snapshot:
     """A world with a live, deleting or deleted (None) grant `g`, and any source state.
 
     Half of the worlds are writing ones (a live grant, an exported source, every namespace
-    there), where the copies found at the target decide: ownership, drift, rivals.
+    there), where the copies found at the target decide: ownership, drift, rivals. `orphaned`
+    worlds add an earlier grant's copy where the live grant aims but may not write.
     """
-    writing = draw(st.booleans())
+    writing = not orphaned and draw(st.booleans())
+    orphan = draw(orphan_st) if orphaned else None
     nss = {
         n: make_ns(n, state[0], terminating=state[1])
         for n, state in zip(POOL, draw(namespaces_st), strict=True)
@@ -1852,7 +1915,10 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
     listed, (selector, keys, target_name, on_revoke, on_source_deleted, deleting, labels) = draw(
         grant_st
     )
-    deleting = deleting and not writing
+    deleting = deleting and not writing and orphan is None
+    if orphan is not None:  # the orphan's place: existing, live, and aimed at by the grant
+        listed = listed | {orphan[0]}
+        nss[orphan[0]] = make_ns(orphan[0])
     grant = make_grant(
         namespaces=listed if listed or selector else {"a"},
         selector=selector,
@@ -1897,6 +1963,16 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
             immutable=edit == "immutable",
             uid_written_by=BY_HAND if edit == "uid-by-hand" else FIELD_MANAGER,
         )
+        copies[c.key] = c
+    if orphan is not None:
+        place, on_revoke_then, refusal, source_then = orphan
+        if refusal == "missing":
+            state, cached, deleted = SourceState.MISSING, False, False
+        else:
+            state, cached, deleted = SourceState.AVAILABLE, True, False
+            source = make_source(export_to=("nope",), data=data, type_=type_)
+        then = make_grant(uid=DEAD, target_name=target_name, on_revoke=on_revoke_then)
+        c = copy_from(desired_of(then, source_then), place)
         copies[c.key] = c
     live = {OTHER_LIVE} | {r.uid for r in rivals} | (set() if deleted else {grant.uid})
     return Snapshot(
@@ -1978,14 +2054,49 @@ def may_overwrite(snap: Snapshot, copy: Copy) -> bool:
 
 
 def may_delete(snap: Snapshot, copy: Copy) -> bool:
-    """Ours to delete: our uid, or an orphan of our name; and not already being deleted."""
-    owner = owner_of(copy)
-    mine = snap.grant.uid if snap.grant else None
+    """Ours to delete by the policy that governs it, and not already being deleted.
+
+    The live grant's own copy: by its policy (onRevoke, or onSourceDeleted once the source is
+    gone). An orphan of our name (its grant deleted) or a copy of a grant being deleted: only
+    by the onRevoke recorded on the copy, whatever the grant that reuses the name says.
+    """
+    owner, g = owner_of(copy), snap.grant
     if not owner or copy.deleting:
         return False
-    return owner == mine or (
+    if g is not None and not g.deleting and owner == g.uid:
+        return g.on_revoke is OnRevoke.DELETE or (
+            snap.source_state is SourceState.MISSING
+            and g.on_source_deleted is OnSourceDeleted.DELETE
+        )
+    ours = (g is not None and owner == g.uid) or (
         owner not in snap.live_grant_uids and copy.labels.get(GRANT_LABEL) == snap.grant_name
     )
+    return ours and copy.annotations.get(ON_REVOKE_ANNOTATION) == OnRevoke.DELETE.value
+
+
+def refused_orphans(snap: Snapshot) -> list[Copy]:
+    """Orphans of our name at places the live grant targets but may not serve: the source is
+    missing, or the producer does not export there (where the reported data loss happened)."""
+    g, s = snap.grant, snap.source
+    if g is None or g.deleting:
+        return []
+    refused = snap.source_state is SourceState.MISSING
+    found = []
+    for c in snap.copies.values():
+        owner, ns = owner_of(c), snap.namespaces.get(c.key.namespace)
+        if (
+            owner
+            and owner not in snap.live_grant_uids
+            and c.labels.get(GRANT_LABEL) == g.name
+            and c.key.name == g.target_name
+            and ns is not None
+            and not ns.terminating
+            and ns.name != g.source.namespace
+            and g.targets(ns.name, ns.labels)
+            and (refused or (s is not None and not s.exports_to(ns.name)))
+        ):
+            found.append(c)
+    return found
 
 
 @pytest.fixture
@@ -2032,13 +2143,32 @@ def test_property_plan_is_safe(snap: Snapshot, kinds_of_plans: Counter[str]) -> 
             assert s.namespace in allowed, s
             assert snap.grant is not None and s.name == snap.grant.target_name
             assert p.desired is not None
-            if s.existing is not None:  # never overwrite what is not ours, nor a dying copy
-                assert may_overwrite(snap, s.existing), s
+            if s.existing is not None and not may_overwrite(snap, s.existing):
+                # only an orphan its recorded policy deletes makes way for our copy
+                assert s.action is A.REPLACE and may_delete(snap, s.existing), s
+            elif s.existing is not None:  # never overwrite what is not ours, nor a dying copy
                 assert not s.existing.deleting, s
                 # the API refuses a type change or any update of an immutable Secret
                 must_replace = s.existing.immutable or s.existing.type != p.desired.type
                 assert (s.action is A.REPLACE) is must_replace, s
     assert plan(simulate(snap, p)).writes == ()
+
+
+@FAST
+@given(snap=snapshots(orphaned=True))
+def test_property_an_orphan_follows_the_policy_recorded_on_it(snap: Snapshot) -> None:
+    """The reported data loss: an earlier grant's copy, where a grant that reuses its name aims
+    but may not write (source missing, or not exported there), is deleted exactly when the
+    policy recorded on it says Delete, whatever the new grant's policy; nothing else is."""
+    orphans = refused_orphans(snap)
+    assert orphans, "every world of this generator has such an orphan"
+    p = plan(snap)
+    deleted = {ObjectKey(s.namespace, s.name) for s in p.writes if s.action is A.DELETE}
+    for s in p.writes:
+        assert s.action is not A.DELETE or (s.existing and may_delete(snap, s.existing)), s
+    for c in orphans:
+        recorded = c.annotations.get(ON_REVOKE_ANNOTATION)
+        assert (c.key in deleted) is (recorded == "Delete" and not c.deleting), (c, p.steps)
 
 
 def with_metadata_of_others(c: Copy) -> Copy:

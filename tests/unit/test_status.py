@@ -572,6 +572,14 @@ def test_ignored_export_to_entries_are_reported() -> None:
     new = compute(p, executed(p))
     available = next(c for c in new["conditions"] if c["type"] == "SourceAvailable")
     assert available["message"].endswith("export-to entries that match no namespace: !b, -c")
+    told = [e for e in events(executed(p), None, new) if e.reason == "InvalidExportTo"]
+    assert [e.type for e in told] == ["Warning"] and "!b, -c" in told[0].message
+    again = compute(p, executed(p))
+    assert not [e for e in events(executed(p), new, again) if e.reason == "InvalidExportTo"]
+    other = dataclasses.replace(make_source(export_to=("a", "!d")), ignored_export_to=("!d",))
+    p2 = plan(make_snapshot(G, other, namespaces=namespaces("a")))
+    changed = compute(p2, executed(p2))  # other entries: told again
+    assert [e for e in events(executed(p2), new, changed) if e.reason == "InvalidExportTo"]
 
 
 @pytest.mark.parametrize(

@@ -229,21 +229,73 @@ async def test_type_change_replaces_delete_then_create() -> None:
     assert stored["type"] == "kubernetes.io/tls"
 
 
+def status_writer(api: FakeApi, attempts: int = 3) -> tuple[Writer, Metrics]:
+    metrics = Metrics()
+    w = Writer(api, metrics=metrics, status_attempts=attempts, status_backoff=(0.001, 0.002))
+    return w, metrics
+
+
+def status_failures(metrics: Metrics, code: str) -> float:
+    return metrics.status_write_failures.labels(code)._value.get()
+
+
+async def test_a_failed_status_write_is_retried_counted_and_then_lands() -> None:
+    api = FakeApi()
+    api.add(GRANTS, {"metadata": {"name": "g"}})
+    api.fail(
+        "PATCH_STATUS",
+        ServerError(503, "Unavailable"),
+        TooManyRequests(429, "TooMany", retry_after=0),
+    )
+    w, metrics = status_writer(api)
+    assert await w.write_status("g", {"observedGeneration": 1}) is True
+    assert [c[0] for c in api.calls] == ["PATCH_STATUS"] * 3
+    assert (status_failures(metrics, "503"), status_failures(metrics, "429")) == (1, 1)
+    assert metrics.status_writes._value.get() == 1
+    assert api.objects[GRANTS.plural, "", "g"]["status"] == {"observedGeneration": 1}
+
+
+@pytest.mark.parametrize(
+    ("errors", "calls"),
+    [
+        pytest.param([ServerError(500, "Boom")] * 3, 3, id="transient-until-out-of-attempts"),
+        pytest.param([Forbidden(403, "Forbidden")], 1, id="403-not-retried"),
+        pytest.param([Invalid(422, "Invalid")], 1, id="422-not-retried"),
+    ],
+)
+async def test_a_status_that_could_not_be_written_is_never_reported_as_written(
+    errors: list[ApiError], calls: int
+) -> None:
+    api = FakeApi()
+    api.add(GRANTS, {"metadata": {"name": "g"}})
+    api.fail("PATCH_STATUS", *errors)
+    w, metrics = status_writer(api)
+    assert await w.write_status("g", {"observedGeneration": 1}) is False
+    assert len(api.calls) == calls
+    assert sum(status_failures(metrics, str(e.status)) for e in set(errors)) == calls
+    assert metrics.status_writes._value.get() == 0
+    assert "status" not in api.objects[GRANTS.plural, "", "g"]
+
+
+async def test_the_status_of_a_deleted_grant_needs_no_write() -> None:
+    api = FakeApi()  # no grant "g": 404
+    w, metrics = status_writer(api)
+    assert await w.write_status("g", {"observedGeneration": 1}) is True
+    assert [c[0] for c in api.calls] == ["PATCH_STATUS"]
+    assert metrics.status_writes._value.get() == 0
+
+
 @pytest.mark.parametrize(
     "error", [NotFound(404, "NotFound"), ServerError(500, "Boom"), Forbidden(403, "Forbidden")]
 )
-async def test_status_and_event_failures_never_raise(error: ApiError) -> None:
+async def test_event_failures_never_raise(error: ApiError) -> None:
     api = FakeApi()
-    api.add(GRANTS, {"metadata": {"name": "g"}})
-    api.fail("PATCH_STATUS", error)
     api.fail("CREATE", error)
-    w, metrics = writer(api)
-    await w.write_status("g", {"observedGeneration": 1})
+    w, _ = writer(api)
     await w.create_event({"metadata": {"name": "g.1"}}, "default")
-    assert metrics.status_writes._value.get() == 0
     assert api.get_object(EVENTS, "default", "g.1") is None
-    await w.write_status("g", {"observedGeneration": 2})
-    assert metrics.status_writes._value.get() == 1
+    await w.create_event({"metadata": {"name": "g.1"}}, "default")
+    assert api.get_object(EVENTS, "default", "g.1") is not None
 
 
 async def test_a_closed_fence_refuses_every_write_before_it_is_sent() -> None:
@@ -296,3 +348,42 @@ async def test_copy_data_in_flight_is_bounded_in_bytes(size: int, peak: int) -> 
     outcomes = await w.execute(plan(make_snapshot(grant, source, namespaces=namespaces(*targets))))
     assert {o.reason for o in outcomes} == {Reason.PROJECTED}
     assert api.peak == peak
+
+
+class ThrottledApi(FakeApi):
+    """Creates into namespace `throttled` are answered 429 (Retry-After: the cap); other creates
+    land."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+        self.refused_once = asyncio.Event()
+
+    async def create(self, res: Any, body: Any, *, namespace: str | None = None, **kw: Any) -> Any:
+        if namespace == "throttled":
+            self.refused += 1
+            self.refused_once.set()
+            raise TooManyRequests(429, "TooManyRequests", retry_after=MAX_RETRY_AFTER)
+        return await super().create(res, body, namespace=namespace, **kw)
+
+
+async def test_a_write_sleeping_on_retry_after_holds_no_write_slot_nor_bytes() -> None:
+    """One write slot and a byte budget too small for two copies: a throttled write that
+    waits out its Retry-After must let another grant's whole fan-out through meanwhile."""
+    api = ThrottledApi()
+    w = Writer(api, metrics=Metrics(), concurrency=1, write_bytes=1024)  # one copy at a time
+    blob = {"blob": "A" * 1000}
+    throttled = make_grant(name="slow", namespaces=("throttled",))
+    other_ns = [f"n{i}" for i in range(5)]
+    other = make_grant(name="fast", namespaces=tuple(other_ns))
+    source = make_source(data=blob)
+    slow = asyncio.create_task(
+        w.execute(plan(make_snapshot(throttled, source, namespaces=namespaces("throttled"))))
+    )
+    await api.refused_once.wait()
+    fast = await w.execute(plan(make_snapshot(other, source, namespaces=namespaces(*other_ns))))
+    assert {o.reason for o in fast} == {Reason.PROJECTED}
+    assert api.refused == 1 and not slow.done()  # still asleep on its Retry-After
+    slow.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await slow

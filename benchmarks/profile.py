@@ -1,0 +1,150 @@
+"""`python -m benchmarks.profile N...`: where the controller's CPU goes in a 1 -> N fan-out.
+
+For each N: N namespaces, one exported source, one selector grant; the controller runs (from
+the dev venv, which has pyinstrument) until its copies hold the current value and it is quiet,
+then the source is updated `--rounds` times, each time until every copy holds the new value
+and the controller has used no CPU for 0.3 s. Printed per N: process CPU per Update write
+(/proc, the fan-out benchmark's method), and with `--profile` pyinstrument's call tree of the
+whole run (start-up included) into `--out`/profile-N.txt.
+
+Against the control plane of `make cluster-up` (`--kubeconfig`, default .local/kubeconfig).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import summary, write_result
+from benchmarks.e2e import EXPORT_ALL, MANAGED, cpu_when_quiet
+from benchmarks.floor import observer
+from benchmarks.harness import (
+    EXPORT,
+    Watcher,
+    ensure,
+    grant,
+    namespaces,
+    put_value,
+    secret,
+    settle,
+    wait_ready,
+)
+from projector.api import GRANTS, SECRETS
+from projector.kube import Kube
+from tests.controlplane.plane import free_port
+from tests.launcher import REPO, ControllerProcess
+
+
+def start(kubeconfig: Path, log: Path, profile: Path | None, *flags: str) -> ControllerProcess:
+    port = free_port()
+    prof = ["-m", "pyinstrument", "-r", "text", "-o", str(profile)] if profile else []
+    args = [sys.executable, *prof, "-m", "projector", "run", f"--kubeconfig={kubeconfig}"]
+    args += [
+        f"--http-port={port}",
+        "--http-host=127.0.0.1",
+        "--no-leader-elect",
+        "--log-level=warning",
+    ]
+    with log.open("wb") as out:
+        proc = subprocess.Popen([*args, *flags], stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    return ControllerProcess(proc, port, log, 0.0)
+
+
+async def one(
+    kubeconfig: Path, out: Path, n: int, rounds: int, profile: bool, flags: list[str]
+) -> list[float]:
+    kube = await Kube.connect(str(kubeconfig))
+    tag = f"prof{n}"
+    src, targets = f"{tag}-src", [f"{tag}-{i}" for i in range(n)]
+    await namespaces(kube, [src], {})
+    await namespaces(kube, targets, {"bench": tag})
+    hub = secret("hub", {"token": "v0"}, labels=EXPORT, annotations=EXPORT_ALL)
+    await ensure(kube, SECRETS, hub, src)
+    await ensure(kube, GRANTS, grant(tag, (src, "hub"), selector={"bench": tag}))
+    copies = [(ns, "hub") for ns in targets]
+    per_write: list[float] = []
+    value = f"{tag}-start"
+    async with observer(kubeconfig) as obs:
+        await put_value(obs, src, "hub", "token", value)
+        ctl = start(
+            kubeconfig,
+            out / f"controller-{n}.log",
+            out / f"profile-{n}.txt" if profile else None,
+            "--qps=0",
+        )
+        try:
+            await wait_ready(ctl)
+            async with Watcher(obs, MANAGED, "token") as watch:
+                await watch.until(watch.all_equal(copies, value), 600)
+                await settle(ctl)
+                for r in range(rounds):
+                    value = f"{tag}-r{r}"
+                    w0 = ctl.metric("projector_writes_total", action="Update", result="ok")
+                    cpu0 = await cpu_when_quiet(ctl.proc.pid)
+                    await put_value(obs, src, "hub", "token", value)
+                    await watch.reached(copies, value, 600)
+                    cpu = await cpu_when_quiet(ctl.proc.pid) - cpu0
+                    await settle(ctl)
+                    w = ctl.metric("projector_writes_total", action="Update", result="ok") - w0
+                    per_write.append(cpu * 1000 / w)
+        finally:
+            ctl.proc.send_signal(signal.SIGTERM)
+            ctl.proc.wait(60)
+    await kube.delete(GRANTS, tag)
+    await kube.close()
+    return per_write
+
+
+def call_tree(text: str) -> list[str]:
+    """pyinstrument's tree from the event loop's handles down (start-up imports left out)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if "Handle._run" in line), 0)
+    end = next((i for i, line in enumerate(lines) if "<module>  projector/app.py" in line), None)
+    return [line.rstrip() for line in lines[start:end]]
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("sizes", nargs="+", type=int)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--profile", action="store_true", help="then one profiled run, largest size")
+    p.add_argument("--flag", action="append", default=[], help="a flag of `projector run`")
+    p.add_argument("--kubeconfig", type=Path, default=REPO / ".local/kubeconfig")
+    p.add_argument("--out", type=Path, default=REPO / ".local/profile")
+    p.add_argument("--results", type=Path, help="write cpu-per-write.json there")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    systems: dict[str, Any] = {}
+    for n in args.sizes:
+        ms = await one(args.kubeconfig, args.out, n, args.rounds, False, args.flag)
+        systems[f"projector 1 -> {n}"] = {"client_cpu_per_write": summary(ms, "ms")}
+        print(f"1 -> {n}: CPU per write {summary(ms, 'ms')}")
+    tree: list[str] = []
+    if args.profile:
+        n = max(args.sizes)
+        ms = await one(args.kubeconfig, args.out, n, args.rounds, True, args.flag)
+        systems[f"projector 1 -> {n} under pyinstrument"] = {
+            "client_cpu_per_write": summary(ms, "ms")
+        }
+        tree = call_tree((args.out / f"profile-{n}.txt").read_text())
+        print("\n".join(tree))
+    if args.results:
+        small, large = min(args.sizes), max(args.sizes)
+        cpu = {k: v["client_cpu_per_write"]["median"] for k, v in systems.items()}
+        ratios = {
+            f"CPU per write, 1 -> {large} / 1 -> {small} p50": cpu[f"projector 1 -> {large}"]
+            / cpu[f"projector 1 -> {small}"]
+        }
+        params = {"rounds": args.rounds, "flags": args.flag, "method": "benchmarks.profile"}
+        write_result(
+            "cpu-per-write", params, systems, ratios, out=args.results, extra={"profile": tree}
+        )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

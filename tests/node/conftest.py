@@ -1,0 +1,127 @@
+"""The node tier's fixtures: one real node (containerd + kubelet + runc) per session.
+
+The node joins the session's control plane (tests/conftest.py) with its own identity. It needs
+root and Debian's runc and CNI plugins (``make node-packages``); where they are missing every
+node test skips, naming what is missing. Only one node can run on a machine at a time: a node of
+``make node-up`` makes the session fail with that reason instead of fighting over the cgroups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from tests.controlplane.plane import ControlPlane
+from tests.helm import chart
+from tests.node.images import (
+    BuiltImage,
+    build_projector_image,
+    import_archive,
+    import_busybox_image,
+)
+from tests.node.node import HostSnapshot, Node, ensure_node_binaries, missing_prerequisites
+from tests.node.release import Release
+from tests.support import Canaries, Cluster, NamespaceFactory, api_client
+
+BEFORE = pytest.StashKey[HostSnapshot]()
+
+
+@pytest.fixture(scope="session")
+def node_binaries() -> Path:
+    """containerd, its shim, ctr and the pause binary (built once, cached)."""
+    reason = missing_prerequisites()
+    if reason is not None:
+        pytest.skip(reason)
+    return ensure_node_binaries()
+
+
+@pytest.fixture(scope="session")
+def node(
+    control_plane: ControlPlane,
+    binaries: Path,
+    node_binaries: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    pytestconfig: pytest.Config,
+) -> Iterator[Node]:
+    """A Ready node for the session; the host as it was before is in pytestconfig.stash."""
+    root = tmp_path_factory.mktemp("node")
+    node = Node(root, control_plane, binaries, node_binaries, die_with_parent=True)
+    node.claim()
+    pytestconfig.stash[BEFORE] = HostSnapshot.take(root)
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture(scope="session")
+def host_before(node: Node, pytestconfig: pytest.Config) -> HostSnapshot:
+    """The host's state taken before the session's node started."""
+    return pytestconfig.stash[BEFORE]
+
+
+@pytest.fixture(scope="session")
+def busybox(node: Node) -> str:
+    """The name of a busybox image imported into the node."""
+    return import_busybox_image(node)
+
+
+@pytest.fixture(scope="session")
+def apps_v1(admin_client: client.ApiClient) -> client.AppsV1Api:
+    """Admin AppsV1Api (Deployments)."""
+    return client.AppsV1Api(admin_client)
+
+
+@pytest.fixture
+def canaries() -> Canaries:
+    """Secret values this test planted."""
+    return Canaries()
+
+
+@pytest.fixture
+def k8s(
+    core_v1: client.CoreV1Api,
+    custom_objects: client.CustomObjectsApi,
+    canaries: Canaries,
+    request: pytest.FixtureRequest,
+    make_namespace: NamespaceFactory,
+) -> Iterator[Cluster]:
+    """The test's view of the cluster; its grants are scanned for canaries and deleted after."""
+    c = Cluster(core_v1, custom_objects, canaries, request.node.name)
+    yield c
+    try:
+        c.scan()
+    finally:
+        c.cleanup()
+
+
+@pytest.fixture(scope="session")
+def projector_image(node: Node) -> BuiltImage:
+    """``localhost/projector:dev`` built from the Dockerfile by buildah, imported into the node."""
+    image = build_projector_image()
+    import_archive(node, image.archive)
+    return image
+
+
+@pytest.fixture(scope="session")
+def helm_bin() -> Path:
+    """helm, built from its Go module (cached)."""
+    return chart.helm_binary()
+
+
+@pytest.fixture(scope="session")
+def release(
+    node: Node, projector_image: BuiltImage, helm_bin: Path, control_plane: ControlPlane
+) -> Iterator[Release]:
+    """The chart installed as the docs say, with ci/node-values.yaml, both replicas Ready."""
+    rel = Release(helm_bin, control_plane.kubeconfig, api_client(control_plane.kubeconfig))
+    rel.install()
+    try:
+        yield rel
+    finally:
+        rel.uninstall()
+        rel.api.close()
