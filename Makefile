@@ -75,8 +75,8 @@ generate: install ## rewrite docs/metrics.md, the dashboard and the alert rules 
 observability-docs: install binaries prometheus ## redraw docs/observability.md from a real Prometheus run
 	PROJECTOR_UPDATE_DOCS=1 $(PY) -m pytest -q tests/integration/test_observability.py
 
-reliability-docs: install binaries ## rerun every fault test (-m fault) and rewrite docs/reliability.md
-	PROJECTOR_UPDATE_DOCS=1 $(PY) -m pytest -q -m fault tests/integration
+reliability-docs: install binaries ## rerun every fault test (-m fault, the minutes-long ones too) and rewrite docs/reliability.md
+	PROJECTOR_UPDATE_DOCS=1 PROJECTOR_LONG_FAULTS=1 $(PY) -m pytest -q -m fault tests/integration
 
 
 test: install binaries helm prometheus node-binaries lint docs ## everything: lint, docs, unit, integration and node tests (real API server, real node)

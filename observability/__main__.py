@@ -16,6 +16,8 @@ ARTEFACTS: dict[str, Callable[[], str]] = {
     "deploy/grafana/projector.json": dashboard.render,
     "deploy/prometheus/rules.yaml": rules.rules_yaml,
     "deploy/prometheus/prometheusrule.yaml": rules.prometheus_rule_yaml,
+    "deploy/helm/projector/files/prometheus-rules.yaml": rules.chart_rules_yaml,
+    "deploy/helm/projector/dashboards/projector.json": dashboard.render,
 }
 """Each generated file, relative to the repository root, and the function that renders it."""
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grafana_foundation_sdk.builders import dashboard as gd
-from grafana_foundation_sdk.builders import heatmap, prometheus, timeseries
+from grafana_foundation_sdk.builders import heatmap, prometheus, table, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import prometheus as prom_models
 from grafana_foundation_sdk.models.dashboard import DataSourceRef
@@ -44,6 +44,8 @@ class Panel:
     queries: tuple[Query, ...]
     heatmap: bool = False
     description: str = ""
+    table: bool = False
+    """An instant-query table (one row per series) instead of a time series."""
 
 
 LATENCY = "projector_projection_latency_seconds"
@@ -183,6 +185,20 @@ PANELS: tuple[Panel, ...] = (
         ),
     ),
     Panel(
+        "Grants not Ready, by name and reason",
+        "short",
+        (
+            Query(
+                'max by (grant, reason) (projector_grant_condition{job=~"$job",condition="Ready"})'
+                " == 0",
+                "{{grant}}: {{reason}}",
+            ),
+        ),
+        description="Each grant whose Ready condition is False, with its reason (e.g. Conflict, "
+        "Denied, SourceMissing); `projector explain GRANT` says why per namespace.",
+        table=True,
+    ),
+    Panel(
         "Drift corrected",
         "short",
         (Query(f"sum(increase(projector_drift_corrections_total{J}[1h]))", "copies/1h"),),
@@ -206,6 +222,8 @@ def _target(q: Query, ref: str, panel: Panel) -> prometheus.Dataquery:
     t = prometheus.Dataquery().expr(q.expr).legend_format(q.legend).ref_id(ref)
     if panel.heatmap:
         return t.format(prom_models.PromQueryFormat.HEATMAP)
+    if panel.table:
+        return t.format(prom_models.PromQueryFormat.TABLE).instant()
     return t.exemplar(True)
 
 
@@ -229,7 +247,9 @@ def build() -> dict[str, Any]:
         )
     )
     for i, p in enumerate(PANELS):
-        builder: Any = heatmap.Panel() if p.heatmap else timeseries.Panel()
+        builder: Any = (
+            heatmap.Panel() if p.heatmap else table.Panel() if p.table else timeseries.Panel()
+        )
         builder = builder.title(p.title).unit(p.unit).datasource(DATASOURCE).height(8).span(12)
         if p.description:
             builder = builder.description(p.description)

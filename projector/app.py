@@ -1,8 +1,16 @@
 """The wiring root: builds every part once, runs them together, shuts them down cleanly.
 
 Order: HTTP port first (so /healthz answers during sync), then the informers that fill the
-store, then, once every cache is synced, the workers. SIGTERM/SIGINT stop it: the queue is shut
-down, the tasks cancelled and the HTTP session closed, and no task is left behind.
+store, then, once every cache is synced, the workers, for as long as this replica leads.
+SIGTERM/SIGINT stop it: the queue is shut down, the tasks cancelled and the HTTP session
+closed, and no task is left behind.
+
+An API server that goes away ends nothing: the informers retry (their caches kept, marked
+behind, so nothing is deleted), the elector's lease runs out (the fence closes at once), the
+workers of that term are cancelled, and the replica campaigns again; on winning it queues every
+grant, reconciled from the warm caches. `/healthz` says whether this process is wedged (its
+event loop answers, every informer, the elector and the leadership loop run and step), never
+whether the API server answers; `/readyz` says whether every cache is current.
 """
 
 from __future__ import annotations
@@ -56,8 +64,14 @@ async def run(
     elector: Elector | None = None
     lease_api: Kube | None = None
     if cfg.leader_elect:  # its own session, outside the write rate limit: renewals never queue
+        bound = cfg.lease.retry_period * 0.75  # no lease request outlives its turn
         lease_api = await Kube.connect(
-            cfg.kubeconfig, on_request=metrics.on_request, identity=cfg.id
+            cfg.kubeconfig,
+            on_request=metrics.on_request,
+            identity=cfg.id,
+            timeout=bound,
+            connect_timeout=bound / 2,
+            read_timeout=bound,
         )
         elector = Elector(
             lease_api, namespace=cfg.namespace, identity=cfg.id, metrics=metrics, timings=cfg.lease
@@ -72,11 +86,27 @@ async def run(
         fence=fence,
     )
     store = Store(kube)
+
+    behind = [False]
+    """Some cache was behind the server (a failed list or watch, a relist) since the last time
+    every cache was current."""
+
+    def on_informer_event(kind: str, type_: str) -> None:
+        metrics.on_informer_event(kind, type_)
+        if type_ in ("ERROR", "RELIST"):
+            behind[0] = True
+        if type_ in ("OPEN", "RELIST") and elector is not None:
+            elector.nudge()  # the server answers again: campaign now, not at the next turn
+        if type_ == "OPEN" and behind[0] and store.healthy():
+            behind[0] = False
+            if workers:  # the grants that waited on a cache run now, not when their backoff ends
+                controller.resync()
+
     informers = [
         Informer(
             kube,
             c,
-            on_event=metrics.on_informer_event,
+            on_event=on_informer_event,
             timeout_seconds=cfg.watch_timeout,
             read_deadline=cfg.informer_stall_after / 2,
         )
@@ -108,16 +138,20 @@ async def run(
         tracer=tracer,
     )
     tasks: list[asyncio.Task[None]] = []
+    """The tasks that run for the life of the process: if one ends, the process is wedged."""
 
     def alive() -> bool:
-        """Every task runs, and no informer has failed longer than `informer_dead_after`.
+        """Not wedged: every long-lived task runs, and every informer steps (or retries).
 
-        Such an informer's RBAC or CRD is gone for good; a blocked event loop cannot answer.
+        The event loop answering this request is the first half. An informer that retries an
+        API server that is away is alive; one the server has refused (401/403/404) for longer
+        than `informer_dead_after` is not (its RBAC or CRD is gone: a restart at least says so).
         """
         now = time.monotonic()
         limit = cfg.informer_dead_after
-        dead = any(i.failing_since and now - i.failing_since > limit for i in informers)
-        return not dead and all(not t.done() for t in tasks)
+        refused = any(i.refused_since and now - i.refused_since > limit for i in informers)
+        wedged = any(i.wedged() for i in informers)
+        return not refused and not wedged and all(not t.done() for t in tasks)
 
     def ready() -> bool:
         """Every cache has synced and none is known to be behind the server right now."""
@@ -129,6 +163,34 @@ async def run(
     await site.start()
     log.info("started", http=site.name, id=cfg.id, workers=cfg.workers, leader_elect=bool(elector))
     workers: list[asyncio.Task[None]] = []
+    """The workers of the current leadership term (none while following)."""
+
+    def requeue_interrupted() -> None:
+        """Keys whose reconcile was cancelled with its term are queued for the next one."""
+        for key in list(queue.processing):
+            queue.done(key)
+            queue.add_now(key)
+
+    async def lead(tg: asyncio.TaskGroup, elector: Elector) -> None:
+        """Run workers while this replica leads; stop them, caches kept, when it stops."""
+        while True:
+            await elector.leading.wait()
+            controller.resync()  # every grant, from the warm caches
+            term = tg.create_task(controller.run(), name=f"workers-{elector.terms}")
+            workers[:] = [term]
+            following = asyncio.create_task(elector.following.wait())
+            try:
+                await asyncio.wait({term, following}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                following.cancel()
+            if term.done():
+                return  # stopped (controller.stop()), or crashed: the TaskGroup reports it
+            term.cancel()  # its writes are already refused by the fence
+            with contextlib.suppress(asyncio.CancelledError):
+                await term
+            workers.clear()
+            requeue_interrupted()
+            log.info("workers stopped; caches kept warm", term=elector.terms)
 
     async def serve() -> None:
         async with asyncio.TaskGroup() as tg:
@@ -137,13 +199,13 @@ async def run(
                 tasks.append(tg.create_task(elector.run(), name="elector"))
             await asyncio.gather(*(c.synced.wait() for c in store.caches))
             log.info("caches synced", **{c.spec.kind.value: len(c) for c in store.caches})
-            if elector is not None:
-                await elector.leading.wait()  # a hot standby: synced, ready, and waiting
+            if elector is not None:  # a hot standby until it leads: synced, ready, waiting
+                tasks.append(tg.create_task(lead(tg, elector), name="leadership"))
             else:
                 metrics.leading(True)
-            controller.resync()
-            workers.append(tg.create_task(controller.run(), name="workers"))
-            tasks.append(workers[0])
+                controller.resync()
+                workers.append(tg.create_task(controller.run(), name="workers"))
+                tasks.append(workers[0])
 
     task = asyncio.create_task(serve(), name="controller")
     stopper = asyncio.create_task(stop.wait(), name="stop")

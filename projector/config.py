@@ -60,7 +60,9 @@ class Config:
     lease: Timings = field(default_factory=Timings)
     log_level: str = "info"
     informer_dead_after: float = 120.0
-    """Seconds of unbroken list/watch failure after which /healthz fails (the pod restarts)."""
+    """Seconds during which the API server refused every list/watch of an informer (401, 403,
+    404: its RBAC or CRD gone) after which /healthz fails. An unreachable API server never
+    fails /healthz: a restart could not bring it back."""
     resync_period: float = 600.0
     """Every grant is reconciled again from the caches this often (jittered by +-10%); 0 turns
     it off. It repairs what a missed event or a failed status write left stale; a grant in sync
@@ -160,7 +162,8 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         "--informer-dead-after",
         type=seconds,
         default=seconds(_env("INFORMER_DEAD_AFTER", f"{d.informer_dead_after:g}s")),
-        help="unbroken list/watch failure after which /healthz fails, e.g. 120s",
+        help="how long the API server may refuse an informer (401/403/404) before /healthz "
+        "fails, e.g. 120s (an unreachable server never fails it)",
     )
     a = p.parse_args(argv)
     if a.workers < 1 or a.write_concurrency < 1:

@@ -222,7 +222,7 @@ class Controller:
         The Events are recorded either way: they tell what this reconcile did (its writes),
         which no retry would tell again.
         """
-        self.metrics.grant_ready(rec.name, status.is_ready(new))
+        self.metrics.grant_ready(rec.name, status.is_ready(new), new["conditions"])
         new = status.stamped(new, rec.status, timestamp())
         written = status.unchanged(new, rec.status) or await self.writer.write_status(rec.name, new)
         await self.recorder.record(rec, events)

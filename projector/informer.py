@@ -3,10 +3,19 @@
 The reflector loop is client-go's: LIST (page by page), then WATCH from the list's
 resourceVersion with bookmarks and a server timeout; a watch that ends normally resumes from
 the last resourceVersion seen; a 410 Gone relists and turns what vanished into deletions; any
-other API failure backs off and retries, forever, by a tenacity policy (0.8 s doubling to 30 s,
-jittered, each retry logged; the backoff starts over once the server answers again). A client
+other API failure backs off and retries, forever, by a tenacity policy (`_wait`): 0.8 s
+doubling to 30 s when the server answered with an error, the Retry-After it gave with a 429, and
+at most `UNREACHABLE_RETRY_MAX` (1 s) when it did not answer at all (refused, reset, timed out),
+so that an informer is back within a second of its API server; each retry is logged, and the
+backoff starts over once the server answers again or the kind of failure changes. A client
 read deadline turns a silently stalled connection into an error, so a watch can never hang
 unnoticed.
+
+For /healthz, an informer says whether it is *wedged* (`wedged`: no step of its loop, no list
+page, event, error or retry, within a bound that every step keeps), and since when the server
+has been *refusing* it (`refused_since`: 401, 403, 404 on every attempt, e.g. its RBAC or CRD
+removed). Neither says anything about whether the API server is reachable: an informer that
+retries an absent server is neither.
 
 An object that cannot be parsed is skipped with a log line that says why (field and message,
 never a value). A DELETED event removes the cached key even when the rest of the object does
@@ -30,17 +39,16 @@ from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 import structlog
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    stop_never,
-    wait_exponential_jitter,
-)
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never
 
 from projector.api import Api, Obj
-from projector.errors import ApiError, Gone
+from projector.errors import ApiError, Gone, TooManyRequests
 from projector.store import Cache
+
+UNREACHABLE_RETRY_MAX = 1.0
+"""Cap of the backoff while the API server does not answer at all."""
+WEDGE_SLACK = 60.0
+"""Added to the longest a healthy loop step may take, before the loop counts as wedged."""
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
@@ -60,6 +68,8 @@ class Informer(Generic[K, T]):
         read_deadline: float = 90.0,
         on_event: Callable[[str, str], None] | None = None,
         backoff: tuple[float, float] = (0.8, 30.0),
+        request_timeout: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
         self.cache = cache
@@ -69,9 +79,24 @@ class Informer(Generic[K, T]):
         self._timeout_seconds = timeout_seconds
         self._read_deadline = read_deadline
         self.resource_version = ""
+        self._clock = clock
         self.failing_since: float | None = None
         """Monotonic time since which every list or watch has failed (None: it works)."""
+        self.refused_since: float | None = None
+        """Monotonic time since which the server has refused every attempt (401/403/404)."""
         self._need_list = True
+        self._unreachable = False
+        """The last failure was the server not answering at all (a status of 0)."""
+        self._progress = clock()
+        self._step_bound = max(read_deadline, request_timeout) + backoff[1] + WEDGE_SLACK
+        """The longest one step of the loop takes when nothing is wrong with this process."""
+
+    def wedged(self) -> bool:
+        """No step of the loop (list page, event, error, retry) within its bound: stuck."""
+        return self._clock() - self._progress > self._step_bound
+
+    def _alive(self) -> None:
+        self._progress = self._clock()
 
     @property
     def name(self) -> str:
@@ -97,6 +122,7 @@ class Informer(Generic[K, T]):
         )
         async with contextlib.aclosing(pages):
             async for page, version in pages:
+                self._alive()
                 rv = version
                 for k, new in self.spec.keyed(page):
                     seen.add(k)  # it exists: even unparseable, it is not deleted
@@ -130,31 +156,55 @@ class Informer(Generic[K, T]):
         self.cache.put(k, new)
 
     def _retrying(self) -> AsyncRetrying:
-        """The policy of list and watch failures: retry API errors forever, with backoff.
+        """The policy of list and watch failures: retry API errors forever, waiting `_wait`.
 
-        Exponential from `backoff[0]` to `backoff[1]` with jitter; a Gone never gets here (it
-        relists at once), and anything but an `ApiError` (a bug in the store's indexes) ends the
-        informer, loudly.
+        A Gone never gets here (it relists at once), and anything but an `ApiError` (a bug in
+        the store's indexes) ends the informer, loudly.
         """
-        initial, maximum = self._backoff
         return AsyncRetrying(
             stop=stop_never,
-            wait=wait_exponential_jitter(multiplier=initial, max=maximum, jitter=initial),
+            wait=self._wait,
             retry=retry_if_exception_type(ApiError),
             before_sleep=self._failed,
             reraise=True,
         )
 
+    def _wait(self, state: RetryCallState) -> float:
+        """How long before the next try: a 429's Retry-After, else backoff with jitter.
+
+        Exponential, capped at 1 s while the server does not answer at all (so the informer
+        is back within a second of it) and at `backoff[1]` while it answers with errors; a new
+        kind of failure starts over.
+        """
+        error = state.outcome.exception() if state.outcome is not None else None
+        initial, maximum = self._backoff
+        if isinstance(error, TooManyRequests):  # the server said when (APF, starting up)
+            return min(float(error.retry_after), maximum)
+        unreachable = getattr(error, "status", None) == 0
+        if unreachable != self._unreachable:
+            self._unreachable, state.attempt_number = unreachable, 1
+        cap = UNREACHABLE_RETRY_MAX if unreachable else maximum
+        base = min(initial, cap)
+        return min(cap, base * 2.0 ** (state.attempt_number - 1) + random.uniform(0, base))
+
     def _failed(self, state: RetryCallState) -> None:
         """Before a retry's sleep: the cache may be behind now; say so and why."""
+        self._alive()
         self.cache.healthy.clear()
-        if self.failing_since is None:
-            self.failing_since = time.monotonic()
+        now = self._clock()
+        first = self.failing_since is None
+        if first:
+            self.failing_since = now
         error = state.outcome.exception() if state.outcome is not None else None
-        log.warning(
+        status = getattr(error, "status", None)
+        if status in (401, 403, 404):
+            self.refused_since = self.refused_since or now
+        else:
+            self.refused_since = None  # refused continuously, or not at all
+        (log.warning if first else log.info)(  # later failures of a streak: info, not warning
             "watch failed; retrying",
             kind=self.name,
-            status=getattr(error, "status", None),
+            status=status,
             reason=getattr(error, "reason", ""),
             attempt=state.attempt_number,
             retry_in=round(state.upcoming_sleep, 2),
@@ -176,6 +226,7 @@ class Informer(Generic[K, T]):
         """
         healthy = self.cache.healthy
         while True:
+            self._alive()
             if not self.resource_version:
                 self._need_list = True  # nothing to resume from
             try:
@@ -184,7 +235,7 @@ class Informer(Generic[K, T]):
                     await self._relist()
                     self._need_list = False
                     state.attempt_number = 1
-                    self.failing_since = None
+                    self.failing_since = self.refused_since = None
                     self.cache.synced.set()
                     healthy.set()
                 events = self.api.watch(
@@ -197,9 +248,10 @@ class Informer(Generic[K, T]):
                 )
                 async with contextlib.aclosing(events):  # its connection closes with the loop
                     async for kind, obj in events:
+                        self._alive()
                         healthy.set()
                         state.attempt_number = 1
-                        self.failing_since = None
+                        self.failing_since = self.refused_since = None
                         if kind == "OPEN":
                             self._event("OPEN")  # a sign of life: the server accepted the watch
                             continue

@@ -14,11 +14,20 @@ Only a 401 re-authenticates (once: a fresh token from kr8s, e.g. a rotated Servi
 then the request is sent again. A re-authentication that fails raises `AuthenticationFailed`
 (not transient), is logged, and is not tried again before a backoff (1 s doubling to 60 s):
 until then a 401 fails at once, so a broken credential never hot-loops on the token source.
+
+No request waits long on a dead connection. A connection is opened within `connect_timeout`
+(5 s); a request that receives nothing for `read_timeout` (10 s; a watch has its own read
+deadline) fails as a transport error, which the writer and the informers retry on a fresh
+connection; an idle pooled connection is closed after `IDLE_RECYCLE` seconds rather than kept
+for a later request to find dead; and every socket has TCP keepalive and TCP_USER_TIMEOUT, so
+the kernel itself drops a connection whose peer stopped acknowledging (a partition, a vanished
+load balancer). The Lease's session is built with timeouts a fraction of the retry period.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
@@ -50,6 +59,32 @@ _METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,a
 _METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 POOL = 100
 """Connections kept to the API server (HTTP/1.1: one per request in flight, one per watch)."""
+IDLE_RECYCLE = 2.0
+"""Seconds an idle pooled connection is kept for reuse. A busy controller reuses connections
+within milliseconds; one idle longer may have died behind a network fault, and a new connection
+costs a TLS handshake (a few ms on loopback), not a request stuck until its read timeout."""
+KEEPALIVE = (5, 2, 3)
+"""TCP keepalive: first probe after 5 s idle, then every 2 s, dropped after 3 unanswered."""
+USER_TIMEOUT_MS = 10_000
+"""TCP_USER_TIMEOUT: data unacknowledged this long closes the connection (Linux)."""
+
+
+def _socket(addr_info: tuple[Any, ...]) -> socket.socket:
+    """The socket factory given to aiohttp: a TCP socket that notices a peer gone silent."""
+    family, type_, proto, _, _ = addr_info
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    idle, interval, count = KEEPALIVE
+    for name, value in (
+        ("TCP_KEEPIDLE", idle),
+        ("TCP_KEEPINTVL", interval),
+        ("TCP_KEEPCNT", count),
+        ("TCP_USER_TIMEOUT", USER_TIMEOUT_MS),
+    ):
+        option = getattr(socket, name, None)
+        if option is not None:  # Linux has all four; others keep the kernel's defaults
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+    return sock
 
 
 class TokenBucket:
@@ -93,6 +128,8 @@ class Kube:
         qps: float = 0.0,
         burst: int = 100,
         timeout: float = 30.0,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 10.0,
         on_request: RequestHook | None = None,
         identity: str = "",
         fence: Callable[[], float] | None = None,
@@ -104,8 +141,11 @@ class Kube:
         self._server_name = getattr(auth, "tls_server_name", None) or None
         self._limit = TokenBucket(qps, burst)
         self._header_cache: dict[tuple[str, str, str | None], dict[str, str]] = {}
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._connect_timeout = timeout
+        connect_timeout = min(connect_timeout, timeout)
+        self._timeout = aiohttp.ClientTimeout(
+            total=timeout, sock_connect=connect_timeout, sock_read=min(read_timeout, timeout)
+        )
+        self._connect_timeout = connect_timeout
         self._on_request = on_request
         self._reauth_failures = 0
         self._reauth_not_before = 0.0
@@ -113,7 +153,9 @@ class Kube:
         self._user_agent = f"projector/{__version__} ({identity})" if identity else "projector"
         """Names the replica in the API server's audit log: who wrote what, after which lease."""
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=POOL, ssl=ssl),
+            connector=aiohttp.TCPConnector(
+                limit=POOL, ssl=ssl, keepalive_timeout=IDLE_RECYCLE, socket_factory=_socket
+            ),
             headers={"User-Agent": self._user_agent},
             skip_auto_headers=("Accept-Encoding",),
         )
@@ -184,7 +226,12 @@ class Kube:
             if self._fence is not None and method != "GET":
                 # Checked again here, after the rate limit, and no connection may be waited
                 # for past the lease: a write is sent while the lease is valid, or never.
-                timeout = aiohttp.ClientTimeout(total=self._timeout.total, connect=self._fence())
+                timeout = aiohttp.ClientTimeout(
+                    total=self._timeout.total,
+                    connect=self._fence(),
+                    sock_connect=self._timeout.sock_connect,
+                    sock_read=self._timeout.sock_read,
+                )
             started = time.monotonic()
             try:
                 async with self._session.request(

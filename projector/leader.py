@@ -8,28 +8,47 @@ Every replica runs its informers; only the holder of the Lease `projector-leader
   from another machine's clock). Every write is an optimistic PUT with the resourceVersion just
   read, so two candidates cannot both win; `leaseTransitions` counts changes of holder.
 - Renew: every `retry_period`; each attempt is a GET then a PUT, each bounded by a timeout
-  shorter than the retry period.
+  shorter than the retry period (and the lease session's own connect and read timeouts are
+  shorter still, so no attempt can wait on a dead connection past its turn).
 - Fence: writes are allowed only before `valid_until` = (monotonic time at which the last
   successful renew was *sent*) + `renew_deadline`. Another replica can take over no earlier than
   `lease_duration` after it saw that renew, which is later than the time it was sent; since
   renew_deadline < lease_duration, a replica stops writing before anyone else may start. The
   writer and the transport ask `valid_for()` before every write they send (the transport also
   bounds the wait for a connection by it), so a replica that was frozen (SIGSTOP, a
-  long GC pause, a partition) writes nothing when it wakes. Missing the deadline raises `Lost`:
-  the process exits non-zero and its pod restarts clean.
+  long GC pause, a partition) writes nothing when it wakes.
+- Losing the lease (no renewal within the renew deadline, or another holder seen) is not an
+  error and never ends the process: the fence is already closed, `following` is set so that
+  `app` stops the workers (the caches stay warm), and the replica campaigns again. An API
+  server outage therefore costs a leadership term, never a restart: back, the replica (or a
+  standby) wins the Lease and reconciles every grant from its warm caches.
+- Retries are tenacity's: the campaign retries for ever, every `retry_period` plus up to
+  `JITTER` of it (candidates do not move in lockstep), on the error tree (`ApiError`, a
+  timeout) and on "held by someone else"; a renewal retries on the error tree until the renew
+  deadline. Every failed attempt is logged and counted. While the server is unreachable, a sign
+  of life from it (`nudge`, called when an informer's watch or list succeeds again) ends the
+  campaign's wait at once, so leadership resumes as soon as the server does.
 - Release (SIGTERM): clear the holder, so a standby need not wait for the lease to expire.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
+import contextlib
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import structlog
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_never,
+    wait_fixed,
+    wait_random,
+)
 
 from projector.api import LEASES, Api, Obj
 from projector.config import Timings
@@ -43,16 +62,26 @@ JITTER = 0.2
 log = structlog.get_logger("projector.leader")
 
 
-class Lost(ProjectorError):
-    """This replica could not renew the Lease in time; it must stop and exit."""
+class Held(ProjectorError):
+    """The Lease is held by another replica whose term has not run out (as seen locally)."""
+
+
+_RETRIED = (ApiError, TimeoutError, Held)
+"""What a lease attempt may fail with and be tried again: the error tree, a request that ran
+past its bound, the Lease held by someone else. Anything else is a bug and is not retried."""
 
 
 def _micro_time() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def _unreachable(error: BaseException | None) -> bool:
+    """The server did not answer at all (refused, reset, timed out): not a refusal by it."""
+    return isinstance(error, TimeoutError) or (isinstance(error, ApiError) and error.status == 0)
+
+
 class Elector:
-    """Acquires, renews and releases the Lease for one replica, and fences its writes."""
+    """Campaigns for, renews and releases the Lease for one replica, and fences its writes."""
 
     def __init__(
         self,
@@ -77,7 +106,14 @@ class Elector:
         self._resource_version = ""
         self._valid_until = 0.0
         self.leading = asyncio.Event()
-        """Set once this replica holds the Lease; never cleared (losing it ends the process)."""
+        """Set while this replica holds the Lease; cleared the moment it loses it."""
+        self.following = asyncio.Event()
+        """Set while this replica does not hold the Lease (the complement of `leading`)."""
+        self.following.set()
+        self.terms = 0
+        """Leadership terms won so far."""
+        self._nudged = asyncio.Event()
+        self._last_error: BaseException | None = None
 
     def valid_for(self) -> float:
         """The fence: seconds this replica's lease stays valid; `Fenced` if it holds none now."""
@@ -86,23 +122,114 @@ class Elector:
             raise Fenced(f"{self.identity} does not hold a valid lease; write refused")
         return left
 
+    def nudge(self) -> None:
+        """The API server answered again: a campaign waiting out an outage tries at once."""
+        if not self.leading.is_set() and _unreachable(self._last_error):
+            self._nudged.set()
+
     async def run(self) -> None:
-        """Acquire the Lease, then keep renewing it; raise `Lost` when it cannot be renewed."""
-        while not await self._attempt():  # noqa: ASYNC110 - each turn is a request, not a poll
-            await asyncio.sleep(self.timings.retry_period * (1 + random.random() * JITTER))
+        """Campaign, lead until the Lease is lost, campaign again: until cancelled."""
+        while True:
+            await self._campaign()
+            self._won()
+            await self._hold()
+            self._lost()
+
+    async def _campaign(self) -> None:
+        """Retry acquiring until it succeeds (tenacity: jittered fixed wait, never stops)."""
+        retry_period = self.timings.retry_period
+        async for attempt in AsyncRetrying(
+            stop=stop_never,
+            wait=wait_fixed(retry_period) + wait_random(0, retry_period * JITTER),
+            retry=retry_if_exception_type(_RETRIED),
+            before_sleep=self._failed("campaign"),
+            sleep=self._nudgeable_sleep,
+            reraise=True,
+        ):
+            with attempt:
+                await self._acquire_or_renew()
+
+    async def _hold(self) -> None:
+        """Renew every retry period; return once a renewal cannot land before the deadline."""
+        retry_period = self.timings.retry_period
+        while True:
+            await asyncio.sleep(retry_period)
+            started = self._clock()
+            try:
+                async for attempt in AsyncRetrying(
+                    stop=self._past_deadline,
+                    wait=wait_fixed(retry_period / 2),
+                    retry=retry_if_exception_type((ApiError, TimeoutError)),
+                    before_sleep=self._failed("renew"),
+                    reraise=True,
+                ):
+                    with attempt:
+                        await self._acquire_or_renew()
+            except Held as e:  # someone else holds it now: our term is over, whatever the clock
+                log.warning("lease taken by another replica", identity=self.identity, error=str(e))
+                return
+            except (ApiError, TimeoutError) as e:
+                self._metrics.lease_renew_failed()
+                log.warning(
+                    "lease not renewed within the renew deadline; stopping work, keeping caches",
+                    identity=self.identity,
+                    error=_describe(e),
+                )
+                return
+            self._metrics.lease_renewed(self._clock() - started)
+
+    def _past_deadline(self, state: RetryCallState) -> bool:
+        """The stop condition of renewals: the next try could not land before the fence closes."""
+        wait = self.timings.retry_period / 2
+        return self._clock() + wait >= self._valid_until
+
+    def _failed(self, what: str) -> Callable[[RetryCallState], None]:
+        """The before-sleep hook of retries: log (and for renewals count) each failed attempt."""
+
+        def hook(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            self._last_error = error
+            if what == "renew":
+                self._metrics.lease_renew_failed()
+            if isinstance(error, Held):
+                log.debug("lease held by another replica", attempt=state.attempt_number)
+                return
+            log.info(
+                f"lease {what} attempt failed; retrying",
+                attempt=state.attempt_number,
+                error=_describe(error),
+                retry_in=round(state.upcoming_sleep, 2),
+            )
+
+        return hook
+
+    async def _nudgeable_sleep(self, seconds: float) -> None:
+        """Sleep between campaign attempts; `nudge()` cuts it short."""
+        self._nudged.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._nudged.wait()
+
+    def _won(self) -> None:
+        self._last_error = None
+        self.terms += 1
+        self.following.clear()
         self.leading.set()
         self._metrics.leading(True)
-        log.info("leading", identity=self.identity, valid_for=self.timings.renew_deadline)
-        while True:
-            await asyncio.sleep(self.timings.retry_period)
-            started = self._clock()
-            if await self._attempt():
-                self._metrics.lease_renewed(self._clock() - started)
-                continue
-            self._metrics.lease_renew_failed()
-            if self._clock() >= self._valid_until:
-                self._metrics.leading(False)
-                raise Lost(f"{self.identity} could not renew the lease within the renew deadline")
+        log.info(
+            "leading",
+            identity=self.identity,
+            term=self.terms,
+            valid_for=self.timings.renew_deadline,
+        )
+
+    def _lost(self) -> None:
+        """The fence closes now (it already has, by the clock); `app` stops the workers."""
+        self._valid_until = 0.0
+        self.leading.clear()
+        self.following.set()
+        self._metrics.leading(False)
+        log.warning("lost the lease; campaigning again", identity=self.identity, term=self.terms)
 
     async def release(self) -> None:
         """Give the Lease up, if still held and valid, so a standby takes over at once."""
@@ -116,6 +243,8 @@ class Elector:
             return
         finally:
             self._valid_until = 0.0
+            self.leading.clear()
+            self.following.set()
             self._metrics.leading(False)
         log.info("lease released", identity=self.identity)
 
@@ -125,16 +254,26 @@ class Elector:
             return await call
 
     async def _attempt(self) -> bool:
-        """One try to acquire or renew (client-go's tryAcquireOrRenew); never raises."""
-        sent = self._clock()  # before the read: the fence never outlasts what others see
+        """One try to acquire or renew that never raises (for tests and tools)."""
         try:
-            ok = await self._try_acquire_or_renew()
-        except (ApiError, TimeoutError) as e:
-            log.debug("lease attempt failed", error=str(e) or type(e).__name__)
+            await self._acquire_or_renew()
+        except _RETRIED as e:
+            log.debug("lease attempt failed", error=_describe(e))
             return False
-        if ok:
-            self._valid_until = sent + self.timings.renew_deadline
-        return ok
+        return True
+
+    async def _acquire_or_renew(self) -> None:
+        """One try (client-go's tryAcquireOrRenew); on success the fence moves on.
+
+        Raises:
+            Held: another replica holds the Lease and its term has not run out.
+            ApiError, TimeoutError: the attempt failed; it may be tried again.
+        """
+        sent = self._clock()  # before the read: the fence never outlasts what others see
+        if not await self._try_acquire_or_renew():
+            holder = (self._observed or {}).get("holderIdentity") or ""
+            raise Held(f"the lease is held by {holder}")
+        self._valid_until = sent + self.timings.renew_deadline
 
     async def _try_acquire_or_renew(self) -> bool:
         stamp = _micro_time()
@@ -195,3 +334,10 @@ class Elector:
     def _observe(self, lease: Obj) -> None:
         self._observed, self._observed_at = dict(lease.get("spec") or {}), self._clock()
         self._resource_version = str(lease["metadata"].get("resourceVersion", ""))
+
+
+def _describe(error: BaseException | None) -> str:
+    """An error for a log line: its message, or its type when it has none (a timeout)."""
+    if error is None:
+        return ""
+    return str(error) or type(error).__name__

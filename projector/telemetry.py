@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -162,6 +162,13 @@ class Metrics:
             registry=r,
         )
         self.grants = Gauge("projector_grants", "Grants by readiness.", ["ready"], registry=r)
+        self.grant_condition = Gauge(
+            "projector_grant_condition",
+            "1 if the grant's status condition is True, 0 if False, by grant, condition type and "
+            "reason: which grant is broken, and why (grants are few and admin-created).",
+            ["grant", "condition", "reason"],
+            registry=r,
+        )
         self.leader = Gauge("projector_leader", "1 while this replica leads.", registry=r)
         self.leader_transitions = Counter(
             "projector_leader_transitions_total", "Times this replica became leader.", registry=r
@@ -174,7 +181,7 @@ class Metrics:
         )
         self.lease_renew_failures = Counter(
             "projector_lease_renew_failures_total",
-            "Lease renewals that failed (a leader that fails until its deadline exits).",
+            "Lease renewal attempts that failed (a leader failing until its deadline follows).",
             registry=r,
         )
         self.informer_events = Counter(
@@ -221,6 +228,8 @@ class Metrics:
         self._triggered: dict[str, float] = {}
         self._states: dict[str, Tally[str]] = {}
         self._ready: dict[str, bool] = {}
+        self._conditions: dict[str, dict[str, str]] = {}
+        """Per grant, the reason last exported for each condition type."""
         self._running: dict[str, float] = {}
         self._heard: dict[str, float] = {}
         self._requests: dict[tuple[str, str, int], Any] = {}
@@ -288,14 +297,33 @@ class Metrics:
         for state in set(old) | set(states):
             self.projections.labels(state).inc(states[state] - old[state])
 
-    def grant_ready(self, name: str, ready: bool | None) -> None:
-        """Count grant `name` as ready or not; None: it is gone."""
+    def grant_ready(
+        self,
+        name: str,
+        ready: bool | None,
+        conditions: Iterable[Mapping[str, Any]] = (),
+    ) -> None:
+        """Count grant `name` as ready or not, and export its conditions; None: it is gone."""
         was = self._ready.pop(name, None)
         if was is not None:
             self.grants.labels(_ready(was)).dec()
         if ready is not None:
             self._ready[name] = ready
             self.grants.labels(_ready(ready)).inc()
+        old = self._conditions.pop(name, {})
+        new = (
+            {str(c["type"]): str(c.get("reason") or "") for c in conditions}
+            if ready is not None
+            else {}
+        )
+        for type_, reason in old.items():
+            if new.get(type_) != reason:  # one series per grant and condition: drop the old reason
+                self.grant_condition.remove(name, type_, reason)
+        for c in conditions if ready is not None else ():
+            type_ = str(c["type"])
+            self.grant_condition.labels(name, type_, new[type_]).set(c.get("status") == "True")
+        if new:
+            self._conditions[name] = new
 
     def leading(self, leading: bool) -> None:
         """This replica became leader (counted as a transition) or stopped being one."""

@@ -157,6 +157,7 @@ def test_printer_columns_and_short_name(
         "Targets",
         "Projected",
         "Ready",
+        "Reason",
         "Age",
     ]
     assert "pgrant" in (crd.spec.names.short_names or [])

@@ -367,3 +367,222 @@ def test_watch_expired_after_etcd_compaction_relists_and_deletes_nothing(
         relay.close()
     finally:
         api.close()
+
+
+# --- outages survived in place (leader election on, default timings) ----------------------------
+
+LEASE_NS, LEASE = "projector-system", "projector-leader"
+LANDS_WITHIN = 5.0
+"""Seconds from a change made once the API server is ready again to its first copy landing."""
+
+
+def _holder(admin: client.ApiClient) -> str:
+    try:
+        lease = client.CoordinationV1Api(admin).read_namespaced_lease(LEASE, LEASE_NS)
+    except client.ApiException as e:
+        if e.status == 404:
+            return ""
+        raise
+    return str(lease.spec.holder_identity or "")
+
+
+def _led_by(admin: client.ApiClient, ids: list[str]) -> str:
+    """The Lease's holder once it is one of `ids`, else ''."""
+    holder = _holder(admin)
+    return holder if holder in ids else ""
+
+
+@pytest.mark.parametrize(
+    "replicas, outage",
+    [
+        pytest.param(1, "lease", id="one-replica-10s"),
+        pytest.param(2, "lease", id="two-replicas-10s"),
+        pytest.param(1, "3m", id="one-replica-3m", marks=pytest.mark.long),
+        pytest.param(2, "3m", id="two-replicas-3m", marks=pytest.mark.long),
+    ],
+)
+def test_api_server_outage_mid_fan_out_is_survived_in_place(
+    replicas: int,
+    outage: str,
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    start_controller: Any,
+    control_plane: ControlPlane,
+    admin_client: client.ApiClient,
+    audit_log: Path,
+) -> None:
+    """Replicas with leader election and its default timings (lease 15 s, renew deadline 10 s):
+    the API server stopped mid fan-out until the leader's lease has run out (about 10 s), or
+    for 3 minutes. Nobody exits or fails /healthz, nothing is deleted or re-created; back, a
+    replica leads again from warm caches and the next change lands at once."""
+    team = unique_name("survive")
+    src = make_namespace()
+    targets = {make_namespace(labels={"survive": team}) for _ in range(FANOUT)}
+    k8s.source(src, "hub", {"token": "survive-canary-0"}, export_to="*")
+    ids = [unique_name(f"survivor-{i}", max_len=30) for i in range(replicas)]
+    procs = [start_controller(f"--id={rid}", leader_elect=True) for rid in ids]
+    leader = eventually(lambda: _led_by(admin_client, ids), timeout=40)
+    grant = k8s.grant((src, "hub"), selector={"matchLabels": {"survive": team}})
+    eventually(all_hold(k8s.core, grant, "survive-canary-0"), timeout=180)
+    before = {ns: uid for ns, (uid, _) in copies(k8s.core, grant).items()}
+    terms = sum(cp.metric("projector_leader_transitions_total") for cp in procs)
+    probes: list[int] = []
+
+    def every_replica_alive() -> bool:
+        codes = [cp.get("/healthz")[0] for cp in procs]
+        probes.extend(codes)
+        return all(cp.proc.poll() is None for cp in procs) and all(c == 200 for c in codes)
+
+    def nobody_leads() -> bool:
+        assert every_replica_alive(), "a replica exited or failed /healthz during the outage"
+        return all(cp.metric("projector_leader") == 0 for cp in procs)
+
+    started = datetime.now(UTC)
+    k8s.patch_secret(src, "hub", {"data": {"token": "survive-canary-1"}})  # a fan-out begins
+    down = time.monotonic()  # kube-apiserver refuses new connections from here on
+    with control_plane.apiserver_down():
+        # Down at least until the leader's renew deadline has passed: its term is over.
+        eventually(nobody_leads, timeout=60, message="the leader's term ended")
+        if outage == "3m":
+            support.consistently(every_replica_alive, duration=180 - (time.monotonic() - down))
+    back = time.monotonic()  # ready again (its /readyz answered)
+    down_for = back - down
+    k8s.patch_secret(src, "hub", {"data": {"token": "survive-canary-2"}})  # the next change
+    sent = time.monotonic()
+    first = eventually(
+        lambda: (
+            any(t == b64("survive-canary-2") for _, t in copies(k8s.core, grant).values())
+            and time.monotonic()
+        ),
+        timeout=60,
+    )
+    eventually(all_hold(k8s.core, grant, "survive-canary-2"), timeout=120)
+    landed_all = time.monotonic() - back
+    new_leader = eventually(lambda: _led_by(admin_client, ids))
+    after = {ns: uid for ns, (uid, _) in copies(k8s.core, grant).items()}
+    deletes = deletes_since(audit_log, started)
+    exits = [cp.proc.poll() for cp in procs if cp.proc.poll() is not None]
+    unhealthy = sum(1 for c in probes if c != 200)
+    tracebacks = sum(cp.logs().count("Traceback") for cp in procs)
+    won = sum(cp.metric("projector_leader_transitions_total") for cp in procs) - terms
+    reliability.record(
+        f"API server down {'3 min' if outage == '3m' else '~10 s'} mid fan-out, "
+        f"{replicas} replica{'s' if replicas > 1 else ''} with leader election",
+        injected=(
+            f"kube-apiserver stopped (etcd kept running) right after a source change began a "
+            f"fan-out to {FANOUT} namespaces; {replicas} replica(s), leader election with its "
+            f"default timings; down {down_for:.0f} s, from the stop to /readyz (at least until the "
+            f"leader's lease had run out"
+            f"{', then 3 minutes in all' if outage == '3m' else ''}); a change made once the "
+            "API server was ready again."
+        ),
+        observed={
+            "deletes": len(deletes),
+            "missed_updates": missed(k8s.core, grant, targets, "survive-canary-2"),
+            "converge_seconds": landed_all,
+            "exits": len(exits),
+            "healthz_failures": unhealthy,
+            "tracebacks": tracebacks,
+            "down_seconds": round(down_for, 1),
+            "first_copy_landed_seconds": round(first - sent, 2),
+            "copies_recreated": sum(1 for ns, uid in after.items() if before.get(ns) != uid),
+            "leader_before_after": f"{ids.index(leader)} -> {ids.index(new_leader)}",
+            "terms_won_after": int(won),
+        },
+    )
+    assert exits == [] and unhealthy == 0 and tracebacks == 0
+    assert deletes == []
+    assert after == before  # no copy deleted and re-created either
+    assert won >= 1  # a new term was won (the old one ended with the outage)
+    # The issue's bound is 2 s (measured: docs/reliability.md); the assertion leaves headroom
+    # for a shared 2-core machine, and still catches a backoff that waits the outage out.
+    assert first - sent < LANDS_WITHIN, f"the next change took {first - sent:.1f} s to land"
+    for cp in procs:
+        assert cp.ready()
+
+
+def _slow_requests(ctl: ControllerProcess, over: float) -> float:
+    """Requests (watches aside) that took longer than `over` seconds (a histogram bucket)."""
+    total = slow = 0.0
+    for (name, labels), value in ctl.metrics().items():
+        if name != "projector_api_request_duration_seconds_bucket":
+            continue
+        lab = dict(labels)
+        if lab.get("verb") == "WATCH":
+            continue
+        if lab.get("le") == "+Inf":
+            total += value
+        elif float(lab.get("le", "0")) == over:
+            slow -= value
+    return total + slow
+
+
+def test_a_black_hole_costs_no_lease_term_and_no_request_waits_on_a_dead_connection(
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    start_controller: Any,
+    control_plane: ControlPlane,
+    projector_kubeconfig: Path,
+    admin_client: client.ApiClient,
+    audit_log: Path,
+    tmp_path: Path,
+) -> None:
+    """Every connection of a leader (default lease timings) silenced at once, idle pooled ones
+    included: no request waits on one of them past its read timeout (10 s; a Lease call 1.5 s),
+    the leader renews on a fresh connection well within its renew deadline (its term goes on),
+    and a change made at once lands when the watches' read deadline has reconnected them."""
+    url = urlsplit(control_plane.server)
+    relay = Relay((url.hostname or "127.0.0.1", url.port or 443))
+    relay.start()
+    try:
+        kubeconfig = relayed_kubeconfig(projector_kubeconfig, tmp_path / "relayed", relay.port)
+        src, a = make_namespace(), make_namespace()
+        k8s.source(src, "hub", {"token": "hole-canary-1"}, export_to="*")
+        rid = unique_name("hole", max_len=30)
+        ctl = start_controller(
+            f"--kubeconfig={kubeconfig}",
+            f"--id={rid}",
+            "--informer-stall-after=10s",
+            leader_elect=True,
+        )
+        eventually(lambda: _holder(admin_client) == rid, timeout=40)
+        k8s.grant((src, "hub"), namespaces=[a])
+        eventually(lambda: k8s.copy_data(a, "hub") == {"token": "hole-canary-1"})
+        uid = k8s.copy(a, "hub").metadata.uid
+        terms = ctl.metric("projector_leader_transitions_total")
+        renewals = ctl.metric("projector_lease_renew_seconds_count")
+        slow_before = _slow_requests(ctl, 10.0)
+        started = datetime.now(UTC)
+        silenced = relay.blackhole()
+        assert silenced >= 5, "the watches and the Lease's connection run over the relay"
+        holed = time.monotonic()
+        k8s.patch_secret(src, "hub", {"data": {"token": "hole-canary-2"}})
+        eventually(lambda: k8s.copy_data(a, "hub") == {"token": "hole-canary-2"}, timeout=60)
+        converged = time.monotonic() - holed
+        eventually(lambda: ctl.metric("projector_lease_renew_seconds_count") >= renewals + 2)
+        slow = _slow_requests(ctl, 10.0) - slow_before
+        lost = ctl.logs().count("lost the lease")
+        deletes = deletes_since(audit_log, started)
+        reliability.record(
+            "Every connection of a leader black-holed, idle pooled ones included",
+            injected=(
+                f"all {silenced} connections between a leader (default lease timings) and the "
+                "API server, its watches, its Lease session and its idle pooled connections, "
+                "stopped carrying bytes without being closed (a loopback TCP relay); a source "
+                "change made at once. --informer-stall-after=10s (watch read deadline 5 s)."
+            ),
+            observed={
+                "deletes": len(deletes),
+                "missed_updates": int(k8s.copy_data(a, "hub") != {"token": "hole-canary-2"}),
+                "converge_seconds": converged,
+                "requests_over_10s": int(slow),
+                "lease_terms_lost": lost,
+                "copies_recreated": int(k8s.copy(a, "hub").metadata.uid != uid),
+            },
+        )
+        assert slow == 0, "a request waited on a dead connection past its read timeout"
+        assert lost == 0 and ctl.metric("projector_leader") == 1
+        assert ctl.metric("projector_leader_transitions_total") == terms
+        assert deletes == []
+    finally:
+        relay.close()

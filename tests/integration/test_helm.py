@@ -10,6 +10,7 @@ admission policy) let it project a Secret.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -19,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client, dynamic
 
-from tests.controlplane.plane import ControlPlane
+from observability import rules
+from tests.controlplane.plane import CONTROLLER_MANAGER, ControlPlane
 from tests.helm import chart
 from tests.launcher import REPO, ControllerProcess, launch
 from tests.support import (
@@ -77,6 +80,7 @@ def test_template_default_values_is_restricted_and_highly_available(helm_bin: Pa
     kinds = sorted(k for k, _ in docs)
     assert kinds == sorted(
         [
+            "ClusterRole",
             "ClusterRole",
             "ClusterRoleBinding",
             "Deployment",
@@ -144,6 +148,41 @@ def test_template_non_default_values(helm_bin: Path) -> None:
     assert "--no-leader-elect" in args and "--leader-elect" not in args
 
 
+def test_the_chart_renders_the_generated_rules_with_the_selector_and_runbook_from_values(
+    helm_bin: Path,
+) -> None:
+    """The chart's PrometheusRule is observability/rules.py's groups, not a copy: with the
+    defaults, exactly deploy/prometheus/rules.yaml; the job selector and runbook base from
+    values, never from the release name."""
+    on = "--set=metrics.prometheusRule.enabled=true"
+    default = render(helm_bin, on)[("PrometheusRule", "projector")]
+    shipped = yaml.safe_load((REPO / "deploy" / "prometheus" / "rules.yaml").read_text())
+    assert default["spec"]["groups"] == shipped["groups"] == rules.groups()
+    other = chart.documents(
+        chart.helm(
+            helm_bin,
+            "template",
+            "another-release",
+            str(chart.CHART),
+            on,
+            '--set-string=metrics.prometheusRule.selector=job=~"projector|dr"',
+            "--set=metrics.runbookBaseURL=https://runbooks.example.org/projector/",
+            "--set=metrics.grafanaURL=https://grafana.example.org",
+        )
+    )
+    rule = next(d for d in other if d["kind"] == "PrometheusRule")
+    assert rule["spec"]["groups"] == rules.groups(
+        'job=~"projector|dr"',
+        "https://runbooks.example.org/projector",
+        "https://grafana.example.org",
+    )
+    annotations = rule["spec"]["groups"][1]["rules"][0]["annotations"]
+    assert set(annotations) == {"summary", "description", "runbook_url", "dashboard_url"}
+    assert annotations["dashboard_url"] == "https://grafana.example.org/d/projector/projector"
+    monitor = render(helm_bin, "--set=metrics.serviceMonitor.enabled=true")
+    assert monitor[("ServiceMonitor", "projector")]["spec"]["jobLabel"] == "app.kubernetes.io/name"
+
+
 @pytest.mark.parametrize(
     "value, error",
     [
@@ -174,7 +213,12 @@ def test_generated_manifests_are_up_to_date(helm_bin: Path) -> None:
 def fresh_plane(binaries: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A second control plane without the CRD: what a new user's cluster looks like."""
     plane = ControlPlane(
-        tmp_path_factory.mktemp("helm-plane"), binaries, crd_dir=None, die_with_parent=True
+        tmp_path_factory.mktemp("helm-plane"),
+        binaries,
+        crd_dir=None,
+        die_with_parent=True,
+        # for the chart's read-only ClusterRole, aggregated into view
+        extra_args={CONTROLLER_MANAGER: ["--controllers=clusterrole-aggregation-controller"]},
     )
     plane.start()
     try:
@@ -377,3 +421,163 @@ def test_helm_install_upgrade_uninstall_on_a_real_api_server(
     assert k8s.get_grant(grant)["metadata"].get("finalizers") is None
     listed = helm_on(helm_bin, fresh_plane, "list", "-A", "-o", "json")
     assert json.loads(listed) == []
+
+
+# --- GitOps: what Argo CD deletes with the controller's Application, and the CRD upgrade step ---
+
+ARGO_OPTIONS = "argocd.argoproj.io/sync-options"
+
+
+def argo_rendered(helm_bin: Path, tmp_path: Path) -> list[dict[str, Any]]:
+    """The controller's Application as Argo CD renders it: the chart with the child's values
+    (deploy/argocd/apps) and its crds/ included, as Argo CD's own helm template does."""
+    apps = chart.documents(
+        chart.helm(
+            helm_bin,
+            "template",
+            "projector-platform",
+            str(REPO / "deploy" / "argocd" / "apps"),
+            "--namespace=argocd",
+            "--set=grants.repoURL=https://git.example.org/platform/grants.git",
+        )
+    )
+    app = next(a for a in apps if a["metadata"]["name"] == "projector")
+    values = tmp_path / "argo-values.yaml"
+    values.write_text(json.dumps(app["spec"]["source"]["helm"]["valuesObject"]))
+    return chart.documents(chart.template(helm_bin, "--include-crds", f"--values={values}"))
+
+
+def test_deleting_the_controller_application_as_argo_cd_would_leaves_crd_grants_and_copies(
+    helm_bin: Path, fresh_plane: ControlPlane, fresh_api: client.ApiClient, tmp_path: Path
+) -> None:
+    """Argo CD syncs the controller's Application (the chart with its crds/), the controller
+    projects; then the Application is deleted with its resources finalizer, which deletes every
+    resource Argo CD manages except those whose sync-options say Delete=false."""
+    core = client.CoreV1Api(fresh_api)
+    ext = client.ApiextensionsV1Api(fresh_api)
+    canaries = Canaries()
+    k8s = Cluster(core, client.CustomObjectsApi(fresh_api), canaries, "argo")
+    docs = argo_rendered(helm_bin, tmp_path)
+    with contextlib.suppress(client.ApiException):  # CreateNamespace=true
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
+    for doc in docs:  # the sync: every resource server-side applied (ServerSideApply=true)
+        server_side_apply(fresh_api, doc, dry_run=False)
+
+    def established() -> bool:
+        conds = ext.read_custom_resource_definition(CRD_NAME).status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conds)
+
+    eventually(established, message="CRD Established")
+    src, dst = "argo-producer", "argo-consumer"
+    for ns in (src, dst):
+        with contextlib.suppress(client.ApiException):
+            core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    k8s.source(src, "hub", {"api-token": "CANARY-argo-1"}, export_to=dst)
+    grant = k8s.grant((src, "hub"), name="argo-hub", namespaces=[dst])
+    kubeconfig = sa_kubeconfig(fresh_plane, fresh_api, tmp_path / "sa.kubeconfig")
+    ctl: ControllerProcess = launch(kubeconfig, tmp_path / "controller.log")
+    try:
+        eventually(lambda: k8s.copy_data(dst, "hub") == {"api-token": "CANARY-argo-1"})
+    finally:
+        assert ctl.stop() == 0, ctl.logs()[-3000:]
+    canaries.assert_absent("controller logs", ctl.logs())
+
+    # The Application deleted: Argo CD deletes what it manages, but for Delete=false.
+    dyn = dynamic.DynamicClient(fresh_api)
+    kept = []
+    for doc in docs:
+        options = (doc["metadata"].get("annotations") or {}).get(ARGO_OPTIONS, "")
+        if "Delete=false" in options.split(","):
+            kept.append(doc["kind"])
+            continue
+        res = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        with contextlib.suppress(client.ApiException):
+            res.delete(name=doc["metadata"]["name"], namespace=doc["metadata"].get("namespace"))
+    assert kept == ["CustomResourceDefinition"]
+    eventually(lambda: released_objects(fresh_api) == [], message="the app's objects deleted")
+    assert ext.read_custom_resource_definition(CRD_NAME)
+    assert k8s.get_grant(grant)["metadata"]["name"] == grant
+    assert k8s.copy_data(dst, "hub") == {"api-token": "CANARY-argo-1"}
+    k8s.scan()
+
+
+def test_the_documented_crd_upgrade_step_applies_a_changed_crd_and_keeps_the_grants(
+    fresh_api: client.ApiClient,
+) -> None:
+    """Helm never upgrades crds/; docs/install.md's step, `kubectl apply --server-side
+    --force-conflicts -f deploy/crds/`, does (here: the same server-side apply, by the field
+    manager kubectl uses). The CRD is first made to look like an older release's (a printer
+    column fewer, written by another manager, as `helm install` writes it)."""
+    ext = client.ApiextensionsV1Api(fresh_api)
+    custom = client.CustomObjectsApi(fresh_api)
+    shipped = chart.documents((REPO / "deploy" / "crds" / chart.CRD_FILE).read_text())[0]
+    current = ext.read_custom_resource_definition(CRD_NAME)
+    older = fresh_api.sanitize_for_serialization(current)
+    columns = older["spec"]["versions"][0]["additionalPrinterColumns"]
+    older["spec"]["versions"][0]["additionalPrinterColumns"] = columns[:-1]
+    ext.replace_custom_resource_definition(CRD_NAME, older, field_manager="helm")
+    grants_before = {
+        g["metadata"]["name"]
+        for g in custom.list_cluster_custom_object(
+            "projector.nebari.dev", "v1alpha1", "projectiongrants"
+        )["items"]
+    }
+    server_side_apply(fresh_api, shipped, dry_run=False)  # the documented step
+    after = fresh_api.sanitize_for_serialization(ext.read_custom_resource_definition(CRD_NAME))
+    want = shipped["spec"]["versions"][0]["additionalPrinterColumns"]
+    got = after["spec"]["versions"][0]["additionalPrinterColumns"]
+    assert [c["name"] for c in got] == [c["name"] for c in want]
+    grants_after = {
+        g["metadata"]["name"]
+        for g in custom.list_cluster_custom_object(
+            "projector.nebari.dev", "v1alpha1", "projectiongrants"
+        )["items"]
+    }
+    assert grants_after == grants_before
+
+
+def test_the_read_only_grants_role_is_aggregated_into_view_and_reads_no_secret(
+    helm_bin: Path, fresh_api: client.ApiClient
+) -> None:
+    """Whoever holds `view` cluster-wide may read grants and their status, never write one,
+    and gains no Secret read from projector's role (the kube-controller-manager's aggregation
+    controller merges it into view)."""
+    rbac = client.RbacAuthorizationV1Api(fresh_api)
+    docs = chart.documents(chart.template(helm_bin, "--show-only=templates/rbac.yaml"))
+    view = next(d for d in docs if d["metadata"]["name"] == "projector-grants-view")
+    server_side_apply(fresh_api, view, dry_run=False)
+
+    def aggregated() -> bool:
+        rules = rbac.read_cluster_role("view").rules or []
+        return any("projectiongrants" in (r.resources or []) for r in rules)
+
+    eventually(aggregated, message="projector-grants-view aggregated into view")
+    binding = client.V1ClusterRoleBinding(
+        metadata=client.V1ObjectMeta(name="alice-views"),
+        role_ref=client.V1RoleRef(
+            api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="view"
+        ),
+        subjects=[
+            client.RbacV1Subject(kind="User", name="alice", api_group="rbac.authorization.k8s.io")
+        ],
+    )
+    with contextlib.suppress(client.ApiException):
+        rbac.create_cluster_role_binding(binding)
+    authz = client.AuthorizationV1Api(fresh_api)
+
+    def may(verb: str, resource: str, group: str = "projector.nebari.dev", sub: str = "") -> bool:
+        review = client.V1SubjectAccessReview(
+            spec=client.V1SubjectAccessReviewSpec(
+                user="alice",
+                resource_attributes=client.V1ResourceAttributes(
+                    verb=verb, group=group, resource=resource, subresource=sub or None
+                ),
+            )
+        )
+        return bool(authz.create_subject_access_review(review).status.allowed)
+
+    eventually(lambda: may("list", "projectiongrants"), message="alice lists grants")
+    assert may("get", "projectiongrants", sub="status") and may("watch", "projectiongrants")
+    assert not may("create", "projectiongrants") and not may("delete", "projectiongrants")
+    assert not may("update", "projectiongrants", sub="status")
+    assert not may("get", "secrets", group="")

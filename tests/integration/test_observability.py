@@ -2,11 +2,12 @@
 
 The controller projects against the real API server through a TCP proxy that can stall every
 connection without closing it. Prometheus scrapes it every second (OpenMetrics, so exemplars
-are stored) and evaluates `deploy/prometheus/rules.yaml` every second. The test evaluates every
-dashboard panel query and every rule through Prometheus' HTTP API, reads an exemplar back and
-finds its trace id in the controller's logs, then freezes the proxy and waits for the stall
-alert to fire. Pictures for docs/observability.md are drawn from the range queries
-(written into docs/ when PROJECTOR_UPDATE_DOCS=1, else into the test's tmp dir).
+are stored) and evaluates every second the alert rules as the chart renders them (`helm
+template` of its PrometheusRule: deploy/prometheus/rules.yaml with the default values). The
+test evaluates every dashboard panel query and every rule through Prometheus' HTTP API, reads
+an exemplar back and finds its trace id in the controller's logs, then freezes the proxy and
+waits for the stall alert to fire. Pictures for docs/observability.md are drawn from the
+range queries (written into docs/ when PROJECTOR_UPDATE_DOCS=1, else into the test's tmp dir).
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 
 from observability import dashboard, pictures, rules
 from tests.controlplane.plane import ControlPlane
+from tests.helm import chart
 from tests.launcher import REPO, ControllerProcess
 from tests.prometheus.harness import Prometheus, StallProxy, binaries
 from tests.support import Canaries, Cluster, NamespaceFactory, eventually
 
-RULES = REPO / "deploy/prometheus/rules.yaml"
 RULE_TESTS = REPO / "tests/prometheus/rules_test.yaml"
 STALL_AFTER = 8.0
 """The controller's --informer-stall-after here; quiet watches restart every 2-3 s meanwhile."""
@@ -44,22 +46,64 @@ def prometheus_bin() -> Path:
     return binaries()
 
 
-def test_promtool_checks_the_rules_and_their_unit_tests_pass(prometheus_bin: Path) -> None:
+@pytest.fixture(scope="session")
+def chart_rules(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The chart's PrometheusRule (`helm template`, default values) as a Prometheus rule file."""
+    rendered = chart.documents(
+        chart.template(
+            chart.helm_binary(),
+            "--set=metrics.prometheusRule.enabled=true",
+            "--show-only=templates/prometheusrule.yaml",
+        )
+    )
+    assert [d["kind"] for d in rendered] == ["PrometheusRule"]
+    path = tmp_path_factory.mktemp("chart-rules") / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": rendered[0]["spec"]["groups"]}))
+    return path
+
+
+PROVOKED = ("ProjectorConflicts", "ProjectorGrantsNotReady", "ProjectorWriteErrors")
+"""Alerts provoked by the scenario itself; ProjectorInformerStalled and ProjectorNoLeader are
+provoked later in the test (a frozen proxy, the controller stopped)."""
+
+
+def provoked_rules(chart_rules: Path, dest: Path) -> Path:
+    """The chart's alerts once more, without their `for:` (15 minutes would outlast any test),
+    in a group of their own: the same expressions, seen firing on the real Prometheus."""
+    groups = yaml.safe_load(chart_rules.read_text())["groups"]
+    alerts = [
+        {k: v for k, v in r.items() if k != "for"}
+        for g in groups
+        for r in g["rules"]
+        if "alert" in r
+    ]
+    dest.write_text(yaml.safe_dump({"groups": [{"name": "projector.provoked", "rules": alerts}]}))
+    return dest
+
+
+def test_promtool_checks_the_rules_and_their_unit_tests_pass(
+    prometheus_bin: Path, chart_rules: Path, tmp_path: Path
+) -> None:
     promtool = str(prometheus_bin / "promtool")
     check = subprocess.run(
-        [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
+        [promtool, "check", "rules", str(chart_rules)], capture_output=True, text=True, check=False
     )
     assert check.returncode == 0, check.stdout + check.stderr
     found = {
         r["alert"]
-        for g in yaml.safe_load(RULES.read_text())["groups"]
+        for g in yaml.safe_load(chart_rules.read_text())["groups"]
         for r in g["rules"]
         if "alert" in r
     }
     tested = set(re.findall(r"alertname: (\w+)", RULE_TESTS.read_text()))
     assert found == tested, f"alerts without a promtool unit test: {found - tested}"
+    # The unit tests, run against the chart's rendering of the rules.
+    unit = yaml.safe_load(RULE_TESTS.read_text())
+    unit["rule_files"] = [str(chart_rules)]
+    tests = tmp_path / "rules_test.yaml"
+    tests.write_text(yaml.safe_dump(unit, sort_keys=False))
     run = subprocess.run(
-        [promtool, "test", "rules", str(RULE_TESTS)], capture_output=True, text=True, check=False
+        [promtool, "test", "rules", str(tests)], capture_output=True, text=True, check=False
     )
     assert run.returncode == 0, run.stdout + run.stderr
 
@@ -105,6 +149,14 @@ def _value(series: list[dict[str, Any]]) -> str:
     return f"{len(series)} series, max {float(top['value'][1]):.4g} ({labels})"
 
 
+def _labels(alerts: list[dict[str, Any]]) -> str:
+    """What fired, by the labels that route it."""
+    keep = ("grant", "reason", "kind", "severity")
+    return "; ".join(
+        ",".join(f"{k}={a['labels'][k]}" for k in keep if k in a["labels"]) for a in alerts
+    )
+
+
 def _json_lines(text: str) -> Iterator[dict[str, Any]]:
     for line in text.splitlines():
         if line.startswith("{"):
@@ -118,6 +170,7 @@ def _scan(canaries: Canaries, where: str, obj: Any) -> None:
 def test_every_panel_and_alert_has_data_exemplars_link_traces_and_a_stall_fires(
     stall_proxy: StallProxy,
     prometheus_bin: Path,
+    chart_rules: Path,
     start_controller: Any,
     k8s: Cluster,
     make_namespace: NamespaceFactory,
@@ -127,7 +180,10 @@ def test_every_panel_and_alert_has_data_exemplars_link_traces_and_a_stall_fires(
     ctl: ControllerProcess = start_controller(
         "--watch-timeout=2", f"--informer-stall-after={STALL_AFTER:g}s"
     )
-    prom = Prometheus(prometheus_bin, tmp_path / "prom", [f"127.0.0.1:{ctl.port}"], [RULES])
+    provoked = provoked_rules(chart_rules, tmp_path / "provoked.yaml")
+    prom = Prometheus(
+        prometheus_bin, tmp_path / "prom", [f"127.0.0.1:{ctl.port}"], [chart_rules, provoked]
+    )
     try:
         # Prometheus scrapes the controller before anything happens, so rates see every change.
         eventually(
@@ -135,11 +191,23 @@ def test_every_panel_and_alert_has_data_exemplars_link_traces_and_a_stall_fires(
         )
         t0 = time.time()
         # A fan-out with a conflict and a denied namespace, then two source changes.
-        src, theirs, denied = make_namespace(), make_namespace(), make_namespace()
+        src, theirs, denied, full = (make_namespace() for _ in range(4))
         targets = [make_namespace() for _ in range(4)]
         k8s.source(theirs, "hub", {"k": "CANARY-foreign-obs"}, exported=False)
-        k8s.source(src, "hub", {"token": "CANARY-obs-1"}, export_to=",".join([*targets, theirs]))
-        k8s.grant((src, "hub"), namespaces=[*targets, theirs, denied])
+        # A namespace whose quota refuses any Secret: every write there fails (write errors).
+        k8s.core.create_namespaced_resource_quota(
+            full,
+            client.V1ResourceQuota(
+                metadata=client.V1ObjectMeta(name="no-secrets"),
+                spec=client.V1ResourceQuotaSpec(hard={"secrets": "0"}),
+            ),
+        )
+        eventually(
+            lambda: k8s.core.read_namespaced_resource_quota("no-secrets", full).status.hard or {}
+        )
+        allowed = ",".join([*targets, theirs, full])
+        k8s.source(src, "hub", {"token": "CANARY-obs-1"}, export_to=allowed)
+        k8s.grant((src, "hub"), namespaces=[*targets, theirs, denied, full])
 
         def projected(value: str) -> bool:
             return all(k8s.copy_data(ns, "hub") == {"token": value} for ns in targets)
@@ -187,20 +255,28 @@ def test_every_panel_and_alert_has_data_exemplars_link_traces_and_a_stall_fires(
         def rules_evaluated() -> list[dict[str, Any]]:
             groups = prom.api("rules")["groups"]
             evaluated = [r for g in groups for r in g["rules"]]
-            assert len(evaluated) == len(rules.RECORDS) + len(rules.ALERTS)
+            assert len(evaluated) == len(rules.RECORDS) + 2 * len(rules.ALERTS)
             assert all(r["health"] == "ok" and not r.get("lastError") for r in evaluated), evaluated
             return evaluated
 
         eventually(rules_evaluated, timeout=15, message="every rule evaluated healthy")
         for record, expr in rules.RECORDS:  # each recorded series has data
+            expr = expr.replace(rules.JOB_TOKEN, rules.JOB)
             result = eventually(
                 functools.partial(prom.query, record), timeout=15, message=f"record {record}"
             )
             values.append((f"record: {record}", expr, _value(result)))
         for alert in rules.ALERTS:
-            result = prom.query(alert.expr)  # raises on a query error
-            values.append((f"alert: {alert.name}", alert.expr, _value(result)))
+            expr = alert.expr.replace(rules.JOB_TOKEN, rules.JOB)
+            result = prom.query(expr)  # raises on a query error
+            values.append((f"alert: {alert.name}", expr, _value(result)))
         assert not prom.firing("ProjectorInformerStalled"), "healthy informers counted as stalled"
+        for name in PROVOKED:  # the scenario's conflict, unready grant and refused writes
+            fired = eventually(
+                functools.partial(prom.firing, name), timeout=30, message=f"{name} fires"
+            )
+            _scan(canaries, "alerts", fired)
+            values.append((f"alert fired: {name}", "provoked by the scenario", _labels(fired)))
 
         # Exemplars: stored by Prometheus, each a trace id the controller logged a reconcile under.
         now = time.time()
@@ -228,13 +304,12 @@ def test_every_panel_and_alert_has_data_exemplars_link_traces_and_a_stall_fires(
                 timeout=STALL_AFTER + 25,
                 message="ProjectorInformerStalled fires",
             )
-            kinds = sorted(a["labels"]["kind"] for a in fired)
+            kinds = sorted({a["labels"]["kind"] for a in fired})  # once per rule group
             values.append(
                 (
                     "alert fired after the freeze",
                     "ProjectorInformerStalled",
-                    f"{len(fired)} firing: {', '.join(kinds)} "
-                    f"after {time.time() - stalled_at:.0f}s",
+                    f"firing for {', '.join(kinds)} after {time.time() - stalled_at:.0f}s",
                 )
             )
         finally:
@@ -244,6 +319,24 @@ def test_every_panel_and_alert_has_data_exemplars_link_traces_and_a_stall_fires(
             timeout=STALL_AFTER + 25,
             message="the stall alert resolves once the proxy flows again",
         )
+        # No Secret value on the OpenMetrics page either, exemplars and all, nor on the text
+        # page (scanned here: the fixture cannot once the controller is stopped below).
+        canaries.assert_absent("metrics", ctl.get("/metrics")[1])
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{ctl.port}/metrics",
+            headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+        )
+        with urllib.request.urlopen(req, timeout=5) as r:
+            page = r.read().decode()
+        assert "# {trace_id=" in page
+        canaries.assert_absent("OpenMetrics page", page)
+
+        # The controller stops: its leader series goes stale, and NoLeader fires.
+        assert ctl.stop() == 0
+        fired = eventually(
+            lambda: prom.firing("ProjectorNoLeader"), timeout=30, message="NoLeader fires"
+        )
+        values.append(("alert fired: ProjectorNoLeader", "the controller stopped", _labels(fired)))
         end = time.time()
 
         # Pictures of the main panels, from range queries over the whole test.
@@ -265,15 +358,5 @@ def test_every_panel_and_alert_has_data_exemplars_link_traces_and_a_stall_fires(
         (docs / "observability.md").write_text(pictures.page(images, values))
         print("\n".join(f"{w} | {e} | {v}" for w, e, v in values))
 
-        # No Secret value on the OpenMetrics page either, exemplars and all (the fixture scans
-        # the text page).
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{ctl.port}/metrics",
-            headers={"Accept": "application/openmetrics-text; version=1.0.0"},
-        )
-        with urllib.request.urlopen(req, timeout=5) as r:
-            page = r.read().decode()
-        assert "# {trace_id=" in page
-        canaries.assert_absent("OpenMetrics page", page)
     finally:
         prom.stop()

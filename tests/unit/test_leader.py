@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from projector.api import LEASES
 from projector.config import Timings
 from projector.errors import Fenced, ServerError
-from projector.leader import LEASE_NAME, Elector, Lost
+from projector.leader import LEASE_NAME, Elector
 from projector.telemetry import Metrics
 from tests.unit.fakeapi import FakeApi
 
@@ -120,23 +122,83 @@ async def test_a_takeover_loses_to_a_renewal_that_lands_between_its_read_and_wri
     assert lease(api)["leaseTransitions"] == 0
 
 
-async def test_a_leader_that_cannot_renew_stops_at_its_deadline() -> None:
+async def test_a_leader_that_cannot_renew_stops_leading_at_its_deadline_and_leads_again() -> None:
+    """An outage ends a term, never the elector: fenced at the deadline, it campaigns again and,
+    once the server answers, leads a second term (it still holds the Lease: no wait)."""
     api = FakeApi()
     timings = Timings(lease_duration=0.3, renew_deadline=0.2, retry_period=0.01)
     real = Elector(api, namespace=NS, identity="a", metrics=Metrics(), timings=timings)
-    task_error: BaseException | None = None
     original = api.get
+    down = asyncio.Event()
 
-    async def failing_after_acquire(*args: Any, **kw: Any) -> Any:
-        if real.leading.is_set():
-            raise ServerError(0, "ReadTimeout")
+    async def flaky(*args: Any, **kw: Any) -> Any:
+        if down.is_set():
+            raise ServerError(0, "ClientConnectorError")
         return await original(*args, **kw)
 
-    api.get = failing_after_acquire  # type: ignore[method-assign]
+    api.get = flaky  # type: ignore[method-assign]
+    task = asyncio.create_task(real.run())
     try:
-        await real.run()
-    except Lost as e:
-        task_error = e
-    assert isinstance(task_error, Lost)
-    with pytest.raises(Fenced):
+        await asyncio.wait_for(real.leading.wait(), 5)
+        down.set()
+        await asyncio.wait_for(real.following.wait(), 5)
+        assert not real.leading.is_set()
+        with pytest.raises(Fenced):
+            real.valid_for()
+        assert not task.done()  # still campaigning
+        down.clear()
+        await asyncio.wait_for(real.leading.wait(), 5)
+        assert real.terms == 2
         real.valid_for()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_leader_that_sees_another_holder_stops_at_once() -> None:
+    api, clock = FakeApi(), Clock()
+    timings = Timings(lease_duration=15, renew_deadline=10, retry_period=0.01)
+    a = elector(api, "a", clock, timings)
+    task = asyncio.create_task(a.run())
+    try:
+        await asyncio.wait_for(a.leading.wait(), 5)
+        spec = dict(lease(api), holderIdentity="b")  # an admin handed it over, say
+        obj = api.get_object(LEASES, NS, LEASE_NAME)
+        assert obj is not None
+        await api.replace(LEASES, {**obj, "spec": spec}, namespace=NS)
+        await asyncio.wait_for(a.following.wait(), 5)  # long before its renew deadline
+        with pytest.raises(Fenced):
+            a.valid_for()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_nudge_ends_the_wait_of_a_campaign_the_outage_held_back() -> None:
+    api = FakeApi()
+    timings = Timings(lease_duration=300, renew_deadline=200, retry_period=100)
+    a = Elector(api, namespace=NS, identity="a", metrics=Metrics(), timings=timings)
+    original = api.get
+    failed = asyncio.Event()
+
+    async def down_once(*args: Any, **kw: Any) -> Any:
+        if not failed.is_set():
+            failed.set()
+            raise ServerError(0, "ClientConnectorError")
+        return await original(*args, **kw)
+
+    api.get = down_once  # type: ignore[method-assign]
+    task = asyncio.create_task(a.run())
+    try:
+        await asyncio.wait_for(failed.wait(), 5)  # the next attempt is 100 s away
+        for _ in range(10):  # let tenacity record the failure and start its wait
+            await asyncio.sleep(0)
+        assert not a.leading.is_set()
+        a.nudge()  # an informer heard from the server
+        await asyncio.wait_for(a.leading.wait(), 5)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -253,3 +253,26 @@ def test_spans_are_exported_over_otlp_only_when_an_endpoint_is_set(
         assert [type(e) for e in exporters(tracer)] == [OTLPSpanExporter]
     finally:
         tracer.span_processor.shutdown()
+
+
+def test_a_grant_s_conditions_are_one_series_each_by_name_and_reason_and_go_with_it() -> None:
+    m = Metrics()
+
+    def series() -> dict[tuple[str, str, str], float]:
+        return {
+            (s.labels["grant"], s.labels["condition"], s.labels["reason"]): s.value
+            for f in m.registry.collect()
+            if f.name == "projector_grant_condition"
+            for s in f.samples
+        }
+
+    conflicted = [
+        {"type": "Ready", "status": "False", "reason": "Conflict"},
+        {"type": "SourceAvailable", "status": "True", "reason": "Available"},
+    ]
+    m.grant_ready("hub", False, conflicted)
+    assert series() == {("hub", "Ready", "Conflict"): 0, ("hub", "SourceAvailable", "Available"): 1}
+    m.grant_ready("hub", True, [{"type": "Ready", "status": "True", "reason": "Projected"}])
+    assert series() == {("hub", "Ready", "Projected"): 1}  # the old reason's series is gone
+    m.grant_ready("hub", None)
+    assert series() == {}
