@@ -10,7 +10,7 @@ PY := .venv/bin/python
 export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := python3.11
 
-.PHONY: help install binaries helm prometheus manifests docs image generate observability-docs reliability-docs test unit integration harness lint fmt demo bench bench-quick clean
+.PHONY: help install binaries helm prometheus otelcol manifests docs image generate observability-docs reliability-docs test unit integration harness lint fmt demo bench bench-quick clean
 
 help: ## list the commands
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -65,6 +65,9 @@ image: ## build the controller image with Docker or Podman (fails clearly where 
 prometheus: ## build (or reuse) prometheus and promtool from their Go module
 	tests/prometheus/build.sh >/dev/null
 
+otelcol: ## build (or reuse) the OpenTelemetry Collector the tracing tests export to (tests/otel/build.sh)
+	tests/otel/build.sh >/dev/null
+
 generate: install ## rewrite docs/metrics.md, the dashboard and the alert rules from observability/
 	$(PY) -m observability
 
@@ -75,13 +78,13 @@ reliability-docs: install binaries ## rerun every fault test (-m fault) and rewr
 	PROJECTOR_UPDATE_DOCS=1 $(PY) -m pytest -q -m fault tests/integration
 
 
-test: install binaries helm prometheus lint docs ## everything: lint, docs, unit and integration tests (real API server)
+test: install binaries helm prometheus otelcol lint docs ## everything: lint, docs, unit and integration tests (real API server)
 	$(PY) -m pytest
 
 unit: install ## pure tests only, no server
 	$(PY) -m pytest tests/unit
 
-integration: install binaries helm prometheus ## the product's tests against the local control plane
+integration: install binaries helm prometheus otelcol ## the product's tests against the local control plane
 	$(PY) -m pytest tests/integration
 
 harness: install binaries ## tests of the control plane, demo and benchmark harness
