@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import sys
+import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Sequence
@@ -21,8 +22,8 @@ import structlog
 from aiohttp import web
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -33,6 +34,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import choose_encoder
 
+from projector import __version__
 from projector.model import HASH_ANNOTATION
 from projector.reconcile import Action, Outcome, Plan, Reason, WriteResult
 from projector.status import Result
@@ -195,6 +197,18 @@ class Metrics:
             "Copies restored after someone changed them.",
             registry=r,
         )
+        self.spans_exported = Counter(
+            "projector_spans_exported_total",
+            "Spans the OTLP receiver accepted (0 unless OTEL_EXPORTER_OTLP_ENDPOINT is set).",
+            registry=r,
+        )
+        self.spans_dropped = Counter(
+            "projector_spans_dropped_total",
+            "Spans given up on: queue_full (the export queue was full, the oldest went), "
+            "export_failed (the receiver refused or never answered within the export timeout).",
+            ["reason"],
+            registry=r,
+        )
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         for verb in API_VERBS:
@@ -209,6 +223,8 @@ class Metrics:
                     self.writes.labels(action.value, outcome.value)
         for reason in Reason:
             self.projections.labels(reason.value)
+        for dropped in SPAN_DROPS:
+            self.spans_dropped.labels(dropped)
         for ready in (True, False):
             self.grants.labels(_ready(ready))
         self._triggered: dict[str, float] = {}
@@ -346,11 +362,21 @@ class Metrics:
         """The work queue's event hook."""
         self.queue_events.labels(event).inc()
 
+    def on_spans(self, outcome: str, count: int) -> None:
+        """The span processor's hook: `count` spans "exported", or dropped for a reason."""
+        if outcome == "exported":
+            self.spans_exported.inc(count)
+        else:
+            self.spans_dropped.labels(outcome).inc(count)
+
 
 _PROJECTING = frozenset({Action.CREATE, Action.UPDATE, Action.REPLACE})
 
 QUEUE_EVENTS = ("added", "coalesced", "dropped", "retried")
 """The work queue's event names (the `event` label of projector_queue_events_total)."""
+
+SPAN_DROPS = ("queue_full", "export_failed")
+"""Why a span was dropped (the `reason` label of projector_spans_dropped_total)."""
 
 INFORMER_EVENTS = (
     *("ADDED", "MODIFIED", "DELETED", "BOOKMARK"),
@@ -403,20 +429,145 @@ def spans_exported() -> bool:
     return bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
 
 
-def configure_tracing(service: str = "projector") -> trace.Tracer:
-    """An OpenTelemetry tracer; spans are exported over OTLP only when an endpoint is set."""
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+SPAN_QUEUE = 2048
+"""Ended spans held for export at most (OTEL_BSP_MAX_QUEUE_SIZE overrides it). With the receiver
+down or black-holed the queue fills, and each further span pushes out the oldest, counted as
+`queue_full`: memory stays bounded whatever the receiver does."""
+
+SPAN_BATCH = 512
+"""Spans sent in one export request at most (OTEL_BSP_MAX_EXPORT_BATCH_SIZE overrides it); a
+batch leaves when it is full or OTEL_BSP_SCHEDULE_DELAY (5 s) after the previous one."""
+
+SPAN_SHUTDOWN_SECONDS = 2.0
+"""The longest the process waits at exit for the last spans to leave. A live receiver takes
+milliseconds; a dead or black-holed one would hold the exit for the export timeout
+(OTEL_EXPORTER_OTLP_TIMEOUT, 10 s by default) and the SDK's own 30 s shutdown wait."""
+
+SpanHook = Callable[[str, int], None]
+"""Told ("exported" or a `SPAN_DROPS` reason, how many) for every batch; `Metrics.on_spans`."""
+
+
+class _CountingExporter(SpanExporter):
+    """Wraps the OTLP exporter: every batch handed to it is counted as exported or failed."""
+
+    def __init__(self, inner: SpanExporter, handed: Callable[[int], None], hook: SpanHook) -> None:
+        self._inner = inner
+        self._handed = handed
+        self._hook = hook
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self._handed(len(spans))
+        try:
+            result = self._inner.export(spans)
+        except Exception:
+            self._hook("export_failed", len(spans))
+            raise
+        ok = result is SpanExportResult.SUCCESS
+        self._hook("exported" if ok else "export_failed", len(spans))
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
+class BoundedSpanProcessor(BatchSpanProcessor):
+    """The SDK's batch processor with its queue bounds made visible and its shutdown bounded.
+
+    Spans wait in a queue of at most `max_queue_size` and leave in batches from a thread of the
+    SDK, so the event loop never waits on the receiver. A span ended while the queue is full
+    pushes out the oldest one; both are told to `hook` (the count follows the SDK's own drop
+    rule, give or take the spans of the one batch being handed over at that instant).
+    `shutdown()` returns within `shutdown_seconds`, flushed or not.
+    """
+
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        *,
+        hook: SpanHook,
+        max_queue_size: int | None = None,
+        max_export_batch_size: int | None = None,
+        schedule_delay_millis: float | None = None,
+        shutdown_seconds: float = SPAN_SHUTDOWN_SECONDS,
+    ) -> None:
+        if max_queue_size is None:
+            max_queue_size = int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") or SPAN_QUEUE)
+        if max_export_batch_size is None:
+            batch = int(os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") or SPAN_BATCH)
+            max_export_batch_size = min(batch, max_queue_size)
+        self._capacity = max_queue_size
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._hook = hook
+        self._shutdown_seconds = shutdown_seconds
+        super().__init__(
+            _CountingExporter(exporter, self._handed, hook),
+            max_queue_size=max_queue_size,
+            max_export_batch_size=max_export_batch_size,
+            schedule_delay_millis=schedule_delay_millis,
+        )
+
+    def _handed(self, count: int) -> None:
+        with self._lock:
+            self._pending = max(0, self._pending - count)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        """Queue a sampled span for export, counting the one it pushes out if the queue is full."""
+        if span.context is not None and span.context.trace_flags.sampled:
+            with self._lock:
+                full = self._pending >= self._capacity
+                if not full:
+                    self._pending += 1
+            if full:
+                self._hook("queue_full", 1)
+        super().on_end(span)
+
+    def shutdown(self) -> None:
+        """Flush what the receiver takes within `shutdown_seconds`; give up on the rest."""
+        closing = threading.Thread(target=super().shutdown, name="span-shutdown", daemon=True)
+        closing.start()
+        closing.join(self._shutdown_seconds)
+
+
+def configure_tracing(
+    service: str = "projector", *, metrics: Metrics | None = None
+) -> trace.Tracer:
+    """An OpenTelemetry tracer; spans are exported over OTLP only when an endpoint is set.
+
+    The resource names the service and its version. Sampling follows OTEL_TRACES_SAMPLER and
+    OTEL_TRACES_SAMPLER_ARG (default: every reconcile); the OTLP exporter reads the other
+    OTEL_EXPORTER_OTLP_* variables (HTTP/protobuf). Dropped and exported spans are counted on
+    `metrics`; the SDK's own warning per dropped span is silenced, since the counter says it.
+    """
+    resource = Resource.create({"service.name": service, "service.version": __version__})
+    provider = TracerProvider(resource=resource)
     if spans_exported():
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        hook = metrics.on_spans if metrics is not None else _ignore
+        logging.getLogger("opentelemetry.sdk._shared_internal").addFilter(_not_queue_full)
+        provider.add_span_processor(BoundedSpanProcessor(OTLPSpanExporter(), hook=hook))
     return provider.get_tracer("projector")
 
 
+def _ignore(_outcome: str, _count: int) -> None:
+    pass
+
+
+def _not_queue_full(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Queue full")
+
+
 def trace_id() -> str:
-    """The current span's trace id in hex, or '' outside a sampled span."""
+    """The current span's trace id in hex, or '' outside a sampled span.
+
+    An unsampled trace is never exported, so neither a log line nor an exemplar points at it.
+    """
     ctx = trace.get_current_span().get_span_context()
-    return f"{ctx.trace_id:032x}" if ctx.is_valid else ""
+    return f"{ctx.trace_id:032x}" if ctx.is_valid and ctx.trace_flags.sampled else ""
 
 
 def http_app(

@@ -11,6 +11,8 @@ import base64
 import io
 import json
 import re
+import threading
+import time
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -19,13 +21,14 @@ import pytest
 import structlog
 from aiohttp import web
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from projector.api import GRANTS, NAMESPACES, SECRETS
 from projector.controller import Controller
 from projector.status import Result
 from projector.telemetry import Metrics, configure_logging, http_app, log_processors
+from tests.support import eventually
 from tests.unit.fakeapi import FakeApi
 from tests.unit.test_controller import controller
 from tests.unit.test_store import grant_obj, ns_obj, source_obj
@@ -237,13 +240,13 @@ def test_spans_are_exported_over_otlp_only_when_an_endpoint_is_set(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from projector.telemetry import configure_tracing
+    from projector import __version__
+    from projector.telemetry import BoundedSpanProcessor, configure_tracing
 
     def exporters(tracer: Any) -> list[Any]:
         processors = tracer.span_processor._span_processors
-        return [p.span_exporter for p in processors if isinstance(p, BatchSpanProcessor)]
+        return [p.span_exporter._inner for p in processors if isinstance(p, BoundedSpanProcessor)]
 
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
     assert exporters(configure_tracing()) == []
@@ -251,5 +254,74 @@ def test_spans_are_exported_over_otlp_only_when_an_endpoint_is_set(
     tracer: Any = configure_tracing()  # the SDK tracer, to read its processors
     try:
         assert [type(e) for e in exporters(tracer)] == [OTLPSpanExporter]
+        attributes = tracer.resource.attributes
+        assert (attributes["service.name"], attributes["service.version"]) == (
+            "projector",
+            __version__,
+        )
     finally:
         tracer.span_processor.shutdown()
+
+
+class _StuckReceiver(SpanExporter):
+    """An exporter whose export blocks until released, then fails: a receiver that is down."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def export(self, spans: Any) -> SpanExportResult:
+        self.entered.set()
+        self.release.wait(30)
+        return SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        self.release.set()
+
+
+def _end_spans(processor: Any, n: int) -> None:
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("test")
+    for i in range(n):
+        tracer.start_span(f"s{i}").end()
+
+
+def test_with_the_receiver_stuck_spans_beyond_the_queue_are_dropped_and_counted() -> None:
+    from projector.telemetry import BoundedSpanProcessor
+
+    metrics = Metrics()
+    receiver = _StuckReceiver()
+    processor = BoundedSpanProcessor(
+        receiver, hook=metrics.on_spans, max_queue_size=8, schedule_delay_millis=60_000
+    )
+    try:
+        _end_spans(processor, 8)  # a full batch: the worker takes it and blocks in export
+        assert receiver.entered.wait(10)
+        _end_spans(processor, 20)  # 8 fill the queue again, 12 push out older ones
+        assert metrics.spans_dropped.labels("queue_full")._value.get() == 12
+        assert metrics.spans_dropped.labels("export_failed")._value.get() == 0
+        receiver.release.set()  # the receiver answers, with failures: both batches are lost
+        eventually(lambda: metrics.spans_dropped.labels("export_failed")._value.get() == 16)
+        assert metrics.spans_exported._value.get() == 0
+    finally:
+        receiver.release.set()
+        processor.shutdown()
+
+
+def test_shutdown_is_bounded_while_the_receiver_never_answers() -> None:
+    from projector.telemetry import BoundedSpanProcessor
+
+    receiver = _StuckReceiver()
+    receiver.shutdown = lambda: None  # type: ignore[method-assign]  # not even shutdown frees it
+    processor = BoundedSpanProcessor(
+        receiver, hook=lambda *_: None, max_queue_size=4, shutdown_seconds=0.5
+    )
+    try:
+        _end_spans(processor, 8)
+        assert receiver.entered.wait(10)
+        started = time.monotonic()
+        processor.shutdown()  # the SDK alone would wait up to 30 s for the stuck export
+        assert time.monotonic() - started < 1.5
+    finally:
+        receiver.release.set()
