@@ -10,7 +10,7 @@ PY := .venv/bin/python
 export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := python3.11
 
-.PHONY: help install binaries helm prometheus otelcol manifests docs image generate observability-docs reliability-docs test unit integration harness lint fmt demo bench bench-quick clean
+.PHONY: help install binaries helm prometheus otelcol manifests docs image generate observability-docs traces-docs reliability-docs test unit integration harness lint fmt demo bench bench-quick clean
 
 help: ## list the commands
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -73,6 +73,9 @@ generate: install ## rewrite docs/metrics.md, the dashboard and the alert rules 
 
 observability-docs: install binaries prometheus ## redraw docs/observability.md from a real Prometheus run
 	PROJECTOR_UPDATE_DOCS=1 $(PY) -m pytest -q tests/integration/test_observability.py
+
+traces-docs: install binaries otelcol ## rewrite the traces section of docs/observability.md from a real collector
+	PROJECTOR_UPDATE_DOCS=1 $(PY) -m pytest -q tests/integration/test_tracing.py
 
 reliability-docs: install binaries ## rerun every fault test (-m fault) and rewrite docs/reliability.md
 	PROJECTOR_UPDATE_DOCS=1 $(PY) -m pytest -q -m fault tests/integration
