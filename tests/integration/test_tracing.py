@@ -33,7 +33,7 @@ from projector import __version__
 from projector.telemetry import SPAN_SHUTDOWN_SECONDS
 from tests.launcher import REPO, ControllerProcess
 from tests.otel.harness import STATUS_ERROR, BlackHole, Collector, Span, binary
-from tests.support import Cluster, NamespaceFactory, eventually
+from tests.support import Cluster, NamespaceFactory, eventually, unique_name
 
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100"}
 """A batch leaves 100 ms after the previous one (5 s by default): the test waits less."""
@@ -104,7 +104,7 @@ def _tree(spans: list[Span], root: Span) -> str:
             out += line(kid, depth + 1)
         return out
 
-    return "\n".join(line(root, 0))
+    return "\n".join([f"trace {root.trace_id}", *line(root, 1)])
 
 
 def test_one_fan_out_is_one_trace_on_the_collector_linked_from_exemplar_and_logs(
@@ -115,13 +115,14 @@ def test_one_fan_out_is_one_trace_on_the_collector_linked_from_exemplar_and_logs
     core_v1: client.CoreV1Api,
     tmp_path: Path,
 ) -> None:
-    src, refused = make_namespace(), make_namespace()
-    targets = sorted(make_namespace() for _ in range(3))
+    # Short names, since the span tree goes into the docs as it is.
+    src, refused = make_namespace(unique_name("team-db")), make_namespace(unique_name("no-room"))
+    targets = sorted(make_namespace(unique_name(f"app-{i}")) for i in range(3))
     _refusing_namespace(core_v1, refused)
     k8s.source(src, "db", {"password": "CANARY-trace-1"}, export_to=",".join([*targets, refused]))
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint, **FAST_EXPORT}
     ctl: ControllerProcess = start_controller(env=env)
-    grant = k8s.grant((src, "db"), namespaces=[*targets, refused])
+    grant = k8s.grant((src, "db"), name=unique_name("db-to-apps"), namespaces=[*targets, refused])
     eventually(
         lambda: all(k8s.copy_data(ns, "db") == {"password": "CANARY-trace-1"} for ns in targets),
         timeout=30,
