@@ -8,6 +8,9 @@ It is the last section of the page.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 HEADING = "## Traces: from a slow point to its reconcile and log lines"
 
 
@@ -70,14 +73,43 @@ def section(*, tree: str, exemplar: str, log_line: str) -> str:
             "512 per batch). At most 2048 wait (`OTEL_BSP_MAX_QUEUE_SIZE`): with the collector",
             "down or black-holed, each further span pushes out the oldest and",
             '`projector_spans_dropped_total{reason="queue_full"}` counts it; a batch the receiver',
-            'refused or never answered (`OTEL_EXPORTER_OTLP_TIMEOUT`, 10 s) counts as `reason="',
-            'export_failed"`, and `projector_spans_exported_total` counts what arrived. At exit',
+            "refused or never answered within `OTEL_EXPORTER_OTLP_TIMEOUT` (10 s) counts as",
+            '`reason="export_failed"`, and `projector_spans_exported_total` counts what arrived.',
+            "The SDK's warnings about failed exports are log lines (event `tracing sdk`). At exit",
             "the controller waits 2 s at most for the last spans (`SPAN_SHUTDOWN_SECONDS`); the",
-            "test proves it against a port that reads and never answers. Overhead per write with",
-            "the collector up and down is measured in `docs/benchmarks.md`.",
+            "test proves it against a port that reads and never answers.",
             "",
+            *overhead(),
         ]
     )
+
+
+RESULT = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "tracing.json"
+
+
+def overhead() -> list[str]:
+    """The figures of `python -m benchmarks.tracing` (benchmarks/results/tracing.json)."""
+    if not RESULT.exists():
+        return []
+    from benchmarks.tracing import table
+
+    doc = json.loads(RESULT.read_text())
+    p, m = doc["parameters"], doc["machine"]
+    return [
+        "### What it costs, receiver up or down",
+        "",
+        f"`python -m benchmarks.tracing` on {m.get('cpus', '?')} shared cores ({doc['date']},"
+        f" commit `{doc['commit']}`): {p['updates']} timed fan-outs to {p['namespaces']}",
+        "copies per mode (end-to-end: the source write sent -> the last copy's watch event;",
+        "CPU: the controller's, per copy written), then",
+        f"{p['grants']} one-copy grants reconciled {p['rounds']} times each, the resident",
+        "memory read after every round (its first tenth, when the span queue has filled, and",
+        "the end). The receiver 'down' is a port where nothing listens; 'black-holed' accepts",
+        "and never answers.",
+        "",
+        table(doc["systems"]),
+        "",
+    ]
 
 
 def of(page: str) -> str:

@@ -540,7 +540,8 @@ def configure_tracing(
     The resource names the service and its version. Sampling follows OTEL_TRACES_SAMPLER and
     OTEL_TRACES_SAMPLER_ARG (default: every reconcile); the OTLP exporter reads the other
     OTEL_EXPORTER_OTLP_* variables (HTTP/protobuf). Dropped and exported spans are counted on
-    `metrics`; the SDK's own warning per dropped span is silenced, since the counter says it.
+    `metrics`; the SDK's own warning per dropped span is silenced, since the counter says it,
+    and its other warnings become log lines of ours (event "tracing sdk").
     """
     resource = Resource.create({"service.name": service, "service.version": __version__})
     provider = TracerProvider(resource=resource)
@@ -549,8 +550,24 @@ def configure_tracing(
 
         hook = metrics.on_spans if metrics is not None else _ignore
         logging.getLogger("opentelemetry.sdk._shared_internal").addFilter(_not_queue_full)
+        sdk = logging.getLogger("opentelemetry")
+        if not any(isinstance(h, _SdkLogs) for h in sdk.handlers):
+            sdk.addHandler(_SdkLogs(logging.WARNING))
+            sdk.propagate = False
         provider.add_span_processor(BoundedSpanProcessor(OTLPSpanExporter(), hook=hook))
     return provider.get_tracer("projector")
+
+
+class _SdkLogs(logging.Handler):
+    """The SDK's own warnings (an export retried or given up) as projector's log lines.
+
+    Without it they would be bare text on stderr, amid the JSON lines.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        log = structlog.get_logger()
+        say = log.error if record.levelno >= logging.ERROR else log.warning
+        say("tracing sdk", logger=record.name, message=record.getMessage())
 
 
 def _ignore(_outcome: str, _count: int) -> None:
