@@ -168,6 +168,7 @@ def test_one_fan_out_is_one_trace_on_the_collector_linked_from_exemplar_and_logs
     mine = [x for x in lines if x.get("trace_id") == tid]
     assert any(x["event"] == "reconciled" for x in mine), mine
     assert all(x["grant"] == grant for x in mine)
+    assert {x["reconcile_id"] for x in mine} == {root.attributes["reconcile_id"]}
     assert ctl.metric("projector_spans_exported_total") > 0
     assert ctl.metric("projector_spans_dropped_total") == 0
 
