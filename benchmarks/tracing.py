@@ -52,8 +52,6 @@ from tests.launcher import ControllerProcess, launch
 from tests.otel.harness import BlackHole, Collector, binary
 
 MODES = ("off", "collector up", "collector down", "black-holed")
-FAST = {"OTEL_BSP_SCHEDULE_DELAY": "200"}
-"""Batches leave every 200 ms (5 s by default), so a run of seconds exports many batches."""
 
 
 @contextmanager
@@ -64,15 +62,15 @@ def receiver(mode: str, work: Path) -> Iterator[dict[str, str]]:
     elif mode == "collector up":
         c = Collector(binary(), work / "otelcol")
         try:
-            yield {"OTEL_EXPORTER_OTLP_ENDPOINT": c.endpoint, **FAST}
+            yield {"OTEL_EXPORTER_OTLP_ENDPOINT": c.endpoint}
         finally:
             c.stop()
     elif mode == "collector down":
-        yield {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}", **FAST}
+        yield {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
     else:
         hole = BlackHole()
         try:
-            yield {"OTEL_EXPORTER_OTLP_ENDPOINT": hole.endpoint, **FAST}
+            yield {"OTEL_EXPORTER_OTLP_ENDPOINT": hole.endpoint}
         finally:
             hole.close()
 
@@ -104,9 +102,9 @@ async def fan_out(
                 times.append(t1 - t0)
         cpu = await cpu_when_quiet(c.proc.pid) - cpu0
     return {
-        "p50_ms": percentile(times, 0.5) * 1000,
-        "p90_ms": percentile(times, 0.9) * 1000,
-        "mean_ms": statistics.fmean(times) * 1000,
+        "p50_ms": percentile(times, 50) * 1000,
+        "p90_ms": percentile(times, 90) * 1000,
+        "max_ms": max(times) * 1000,
         "cpu_ms_per_write": cpu / (updates * n) * 1000,
         "samples": len(times),
     }
@@ -151,6 +149,7 @@ async def many_reconciles(
         "rss_mib_max": max(rss),
         "rss_growth_mib_after_first_tenth": rss[-1] - rss[tenth - 1],
         "peak_rss_mib": c.peak_rss_mib(),
+        "rss_mib_by_round": [round(x, 1) for x in rss],
         "spans_exported": c.metric("projector_spans_exported_total"),
         "spans_dropped_queue_full": c.metric("projector_spans_dropped_total", reason="queue_full"),
         "spans_dropped_export_failed": c.metric(
@@ -159,44 +158,67 @@ async def many_reconciles(
     }
 
 
-async def run_mode(
-    kubeconfig: Path, work: Path, mode: str, size: Mapping[str, int]
+@contextmanager
+def running(kubeconfig: Path, work: Path, mode: str, run: str) -> Iterator[ControllerProcess]:
+    """One controller in `mode`, its receiver running meanwhile; stopped afterwards."""
+    with receiver(mode, work / run) as env:
+        c = launch(
+            kubeconfig,
+            work / f"{run}.log",
+            "--log-level=warning",
+            python=controller_python(),
+            env=env,
+        )
+        try:
+            yield c
+        except BaseException:
+            print(f"--- {mode}: controller log (tail) ---\n{c.logs()[-3000:]}")
+            raise
+        finally:
+            c.stop(timeout=60)  # a no-op once stopped
+
+
+async def fan_out_run(
+    kube: Kube, kubeconfig: Path, work: Path, mode: str, rep: int, size: Mapping[str, int]
 ) -> dict[str, Any]:
-    tag = f"m{MODES.index(mode)}"
-    kube = await Kube.connect(str(kubeconfig), qps=0)
-    try:
-        with receiver(mode, work / tag) as env:
-            c = launch(
-                kubeconfig,
-                work / f"{tag}.log",
-                "--log-level=warning",
-                python=controller_python(),
-                env=env,
-            )
-            try:
-                await wait_ready(c)
-                result = await fan_out(kube, c, tag, size["namespaces"], size["updates"])
-                result |= await many_reconciles(kube, c, tag, size["grants"], size["rounds"])
-                t0 = time.monotonic()
-                result["exit_code"] = c.stop(timeout=60)
-                result["exit_seconds"] = time.monotonic() - t0
-            except BaseException:
-                print(f"--- {mode}: controller log (tail) ---\n{c.logs()[-3000:]}")
-                raise
-            finally:
-                c.stop(timeout=60)  # a no-op once stopped
-        await delete_grants(kube)
-    finally:
-        await kube.close()
+    run = f"f{rep}m{MODES.index(mode)}"
+    with running(kubeconfig, work, mode, run) as c:
+        await wait_ready(c)
+        result = await fan_out(kube, c, run, size["namespaces"], size["updates"])
+        t0 = time.monotonic()
+        result["exit_code"] = c.stop(timeout=60)
+        result["exit_seconds"] = time.monotonic() - t0
+    await delete_grants(kube)
     return result
 
 
+async def memory_run(
+    kube: Kube, kubeconfig: Path, work: Path, mode: str, size: Mapping[str, int]
+) -> dict[str, Any]:
+    run = f"r{MODES.index(mode)}"
+    with running(kubeconfig, work, mode, run) as c:
+        await wait_ready(c)
+        result = await many_reconciles(kube, c, run, size["grants"], size["rounds"])
+        t0 = time.monotonic()
+        result["exit_code"] = c.stop(timeout=60)
+        result["exit_seconds"] = time.monotonic() - t0
+    await delete_grants(kube)
+    return result
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float:
+    return float(statistics.median(r[key] for r in runs))
+
+
 def table(systems: Mapping[str, Mapping[str, Any]]) -> str:
-    """The results as a Markdown table, with each mode's ratio to tracing off."""
+    """The results as a Markdown table, with each mode's CPU per write against tracing off.
+
+    Fan-out columns are medians over the interleaved runs; exit is the slowest stop seen.
+    """
     off = systems["off"]
     lines = [
         "| tracing | fan-out p50 | p90 | CPU per write | vs off | reconciles | RSS after 1/10"
-        " -> end | spans exported / dropped | exit |",
+        " -> end | spans exported / dropped | slowest exit |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, r in systems.items():
@@ -206,13 +228,33 @@ def table(systems: Mapping[str, Mapping[str, Any]]) -> str:
             f"| {mode} | {r['p50_ms']:.1f} ms | {r['p90_ms']:.1f} ms "
             f"| {r['cpu_ms_per_write']:.2f} ms | {ratio:.2f}x | {r['reconciles']:.0f} "
             f"| {r['rss_mib_after_first_tenth']:.1f} -> {r['rss_mib_end']:.1f} MiB "
-            f"| {r['spans_exported']:.0f} / {dropped:.0f} | {r['exit_seconds']:.1f} s |"
+            f"| {r['spans_exported']:.0f} / {dropped:.0f} "
+            f"| {max(r['exit_seconds'], r['exit_seconds_max']):.1f} s |"
         )
     return "\n".join(lines)
 
 
 async def run_all(kubeconfig: Path, work: Path, size: Mapping[str, int]) -> dict[str, Any]:
-    return {mode: await run_mode(kubeconfig, work, mode, size) for mode in MODES}
+    """Fan-out runs interleaved (mode after mode, `repeats` times: a shared machine's load
+    drifts, so each mode sees the same drift), then one memory run per mode."""
+    kube = await Kube.connect(str(kubeconfig), qps=0)
+    try:
+        runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+        for rep in range(size["repeats"]):
+            for mode in MODES:
+                runs[mode].append(await fan_out_run(kube, kubeconfig, work, mode, rep, size))
+        systems: dict[str, Any] = {}
+        for mode in MODES:
+            r: dict[str, Any] = {
+                k: _median(runs[mode], k) for k in ("p50_ms", "p90_ms", "cpu_ms_per_write")
+            }
+            r["exit_seconds_max"] = max(x["exit_seconds"] for x in runs[mode])
+            r["fan_out_runs"] = runs[mode]
+            r |= await memory_run(kube, kubeconfig, work, mode, size)
+            systems[mode] = r
+        return systems
+    finally:
+        await kube.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,10 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--updates", type=int, default=30, help="timed fan-outs per mode")
     p.add_argument("--grants", type=int, default=100, help="one-copy grants for the RSS phase")
     p.add_argument("--rounds", type=int, default=100, help="source changes in the RSS phase")
+    p.add_argument("--repeats", type=int, default=3, help="fan-out runs per mode, interleaved")
     p.add_argument("--out", type=Path, default=RESULTS)
     a = p.parse_args(argv)
     size = {"namespaces": a.namespaces, "updates": a.updates, "grants": a.grants}
-    size["rounds"] = a.rounds
+    size |= {"rounds": a.rounds, "repeats": a.repeats}
     work = Path(tempfile.mkdtemp(prefix="projector-bench-tracing-"))
     try:
         with control_plane(work / "plane") as plane:

@@ -447,24 +447,56 @@ SpanHook = Callable[[str, int], None]
 """Told ("exported" or a `SPAN_DROPS` reason, how many) for every batch; `Metrics.on_spans`."""
 
 
-class _CountingExporter(SpanExporter):
-    """Wraps the OTLP exporter: every batch handed to it is counted as exported or failed."""
+EXPORT_PAUSE = (1.0, 30.0)
+"""After a failed export, the next batches are dropped without a try for 1 s, doubling with
+each further failure up to 30 s: a receiver that is down costs no encoding, connection or
+retry per batch, and the first batch after the pause tries again."""
 
-    def __init__(self, inner: SpanExporter, handed: Callable[[int], None], hook: SpanHook) -> None:
+
+class _CountingExporter(SpanExporter):
+    """Wraps the OTLP exporter: every batch handed to it is counted as exported or failed.
+
+    A failure pauses exporting (`EXPORT_PAUSE`); a batch that arrives meanwhile is dropped as
+    failed without being encoded or sent.
+    """
+
+    def __init__(
+        self,
+        inner: SpanExporter,
+        handed: Callable[[int], None],
+        hook: SpanHook,
+        *,
+        clock: Callable[[], float] = time.monotonic,  # a fake one for tests
+    ) -> None:
         self._inner = inner
         self._handed = handed
         self._hook = hook
+        self._clock = clock
+        self._failures = 0
+        self._paused_until = 0.0
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         self._handed(len(spans))
+        if self._clock() < self._paused_until:
+            self._hook("export_failed", len(spans))
+            return SpanExportResult.FAILURE
         try:
             result = self._inner.export(spans)
         except Exception:
-            self._hook("export_failed", len(spans))
+            self._account(SpanExportResult.FAILURE, len(spans))
             raise
-        ok = result is SpanExportResult.SUCCESS
-        self._hook("exported" if ok else "export_failed", len(spans))
+        self._account(result, len(spans))
         return result
+
+    def _account(self, result: SpanExportResult, count: int) -> None:
+        if result is SpanExportResult.SUCCESS:
+            self._failures = 0
+            self._hook("exported", count)
+            return
+        first, cap = EXPORT_PAUSE
+        self._paused_until = self._clock() + min(cap, first * 2 ** min(self._failures, 16))
+        self._failures += 1
+        self._hook("export_failed", count)
 
     def shutdown(self) -> None:
         self._inner.shutdown()

@@ -325,3 +325,34 @@ def test_shutdown_is_bounded_while_the_receiver_never_answers() -> None:
         assert time.monotonic() - started < 1.5
     finally:
         receiver.release.set()
+
+
+def test_a_failed_export_pauses_exporting_so_a_dead_receiver_costs_nothing_per_batch() -> None:
+    from projector.telemetry import EXPORT_PAUSE, _CountingExporter
+
+    class Receiver(SpanExporter):
+        def __init__(self) -> None:
+            self.calls = 0
+            self.up = False
+
+        def export(self, spans: Any) -> SpanExportResult:
+            self.calls += 1
+            return SpanExportResult.SUCCESS if self.up else SpanExportResult.FAILURE
+
+    now = [0.0]
+    metrics, receiver = Metrics(), Receiver()
+    exporter = _CountingExporter(receiver, lambda _: None, metrics.on_spans, clock=lambda: now[0])
+    batch: Any = [object()] * 3
+    first, cap = EXPORT_PAUSE
+    assert exporter.export(batch) is SpanExportResult.FAILURE and receiver.calls == 1
+    assert exporter.export(batch) is SpanExportResult.FAILURE and receiver.calls == 1  # paused
+    now[0] += first
+    assert exporter.export(batch) is SpanExportResult.FAILURE and receiver.calls == 2
+    now[0] += first  # the pause doubled
+    assert exporter.export(batch) is SpanExportResult.FAILURE and receiver.calls == 2
+    now[0] += cap
+    receiver.up = True
+    assert exporter.export(batch) is SpanExportResult.SUCCESS and receiver.calls == 3
+    assert exporter.export(batch) is SpanExportResult.SUCCESS and receiver.calls == 4
+    assert metrics.spans_dropped.labels("export_failed")._value.get() == 12
+    assert metrics.spans_exported._value.get() == 6
