@@ -229,7 +229,7 @@ def table(systems: Mapping[str, Mapping[str, Any]]) -> str:
             f"| {r['cpu_ms_per_write']:.2f} ms | {ratio:.2f}x | {r['reconciles']:.0f} "
             f"| {r['rss_mib_after_first_tenth']:.1f} -> {r['rss_mib_end']:.1f} MiB "
             f"| {r['spans_exported']:.0f} / {dropped:.0f} "
-            f"| {max(r['exit_seconds'], r['exit_seconds_max']):.1f} s |"
+            f"| {max(r['exit_seconds'], r.get('exit_seconds_max', 0.0)):.1f} s |"
         )
     return "\n".join(lines)
 
