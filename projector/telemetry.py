@@ -21,9 +21,14 @@ from typing import Any
 import structlog
 from aiohttp import web
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace.span import TraceState
+from opentelemetry.util.types import Attributes
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -205,7 +210,9 @@ class Metrics:
         self.spans_dropped = Counter(
             "projector_spans_dropped_total",
             "Spans given up on: queue_full (the export queue was full, the oldest went), "
-            "export_failed (the receiver refused or never answered within the export timeout).",
+            "export_failed (the receiver refused or never answered within the export timeout, "
+            "or exporting was paused after such a failure), paused (a reconcile left untraced "
+            "while exporting was paused; one per trace).",
             ["reason"],
             registry=r,
         )
@@ -375,8 +382,9 @@ _PROJECTING = frozenset({Action.CREATE, Action.UPDATE, Action.REPLACE})
 QUEUE_EVENTS = ("added", "coalesced", "dropped", "retried")
 """The work queue's event names (the `event` label of projector_queue_events_total)."""
 
-SPAN_DROPS = ("queue_full", "export_failed")
-"""Why a span was dropped (the `reason` label of projector_spans_dropped_total)."""
+SPAN_DROPS = ("queue_full", "export_failed", "paused")
+"""Why spans were dropped (the `reason` label of projector_spans_dropped_total); `paused`
+counts reconciles left untraced while exporting was paused, one per trace never made."""
 
 INFORMER_EVENTS = (
     *("ADDED", "MODIFIED", "DELETED", "BOOKMARK"),
@@ -477,7 +485,7 @@ class _CountingExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         self._handed(len(spans))
-        if self._clock() < self._paused_until:
+        if self.paused():
             self._hook("export_failed", len(spans))
             return SpanExportResult.FAILURE
         try:
@@ -487,6 +495,10 @@ class _CountingExporter(SpanExporter):
             raise
         self._account(result, len(spans))
         return result
+
+    def paused(self) -> bool:
+        """A failure paused exporting, and the pause has not run out."""
+        return self._clock() < self._paused_until
 
     def _account(self, result: SpanExportResult, count: int) -> None:
         if result is SpanExportResult.SUCCESS:
@@ -535,12 +547,17 @@ class BoundedSpanProcessor(BatchSpanProcessor):
         self._lock = threading.Lock()
         self._hook = hook
         self._shutdown_seconds = shutdown_seconds
+        self._exporter = _CountingExporter(exporter, self._handed, hook)
         super().__init__(
-            _CountingExporter(exporter, self._handed, hook),
+            self._exporter,
             max_queue_size=max_queue_size,
             max_export_batch_size=max_export_batch_size,
             schedule_delay_millis=schedule_delay_millis,
         )
+
+    def paused(self) -> bool:
+        """Exporting is paused after a failure (`EXPORT_PAUSE`): spans made now would be lost."""
+        return self._exporter.paused()
 
     def _handed(self, count: int) -> None:
         with self._lock:
@@ -573,21 +590,64 @@ def configure_tracing(
     OTEL_TRACES_SAMPLER_ARG (default: every reconcile); the OTLP exporter reads the other
     OTEL_EXPORTER_OTLP_* variables (HTTP/protobuf). Dropped and exported spans are counted on
     `metrics`; the SDK's own warning per dropped span is silenced, since the counter says it,
-    and its other warnings become log lines of ours (event "tracing sdk").
+    and its other warnings become log lines of ours (event "tracing sdk"). While a failed
+    export pauses exporting, no new trace is started (`WhileExporting`).
     """
     resource = Resource.create({"service.name": service, "service.version": __version__})
-    provider = TracerProvider(resource=resource)
-    if spans_exported():
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    if not spans_exported():
+        return TracerProvider(resource=resource).get_tracer("projector")
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        hook = metrics.on_spans if metrics is not None else _ignore
-        logging.getLogger("opentelemetry.sdk._shared_internal").addFilter(_not_queue_full)
-        sdk = logging.getLogger("opentelemetry")
-        if not any(isinstance(h, _SdkLogs) for h in sdk.handlers):
-            sdk.addHandler(_SdkLogs(logging.WARNING))
-            sdk.propagate = False
-        provider.add_span_processor(BoundedSpanProcessor(OTLPSpanExporter(), hook=hook))
+    hook = metrics.on_spans if metrics is not None else _ignore
+    logging.getLogger("opentelemetry.sdk._shared_internal").addFilter(_not_queue_full)
+    sdk = logging.getLogger("opentelemetry")
+    if not any(isinstance(h, _SdkLogs) for h in sdk.handlers):
+        sdk.addHandler(_SdkLogs(logging.WARNING))
+        sdk.propagate = False
+    processor = BoundedSpanProcessor(OTLPSpanExporter(), hook=hook)
+    configured = TracerProvider(shutdown_on_exit=False).sampler  # from OTEL_TRACES_SAMPLER*
+    sampler = WhileExporting(configured, paused=processor.paused, hook=hook)
+    provider = TracerProvider(resource=resource, sampler=sampler)
+    provider.add_span_processor(processor)
     return provider.get_tracer("projector")
+
+
+class WhileExporting(Sampler):
+    """The configured sampler, except that no new trace is started while exporting is paused.
+
+    With the receiver down, the spans of a reconcile would only be made, queued and dropped:
+    an untraced reconcile costs the controller nothing. Each one is told to `hook` as
+    ("paused", 1). Such a reconcile has no trace id in its logs or exemplars, as no trace of it
+    exists; spans under a trace already started follow their parent as usual.
+    """
+
+    def __init__(self, inner: Sampler, *, paused: Callable[[], bool], hook: SpanHook) -> None:
+        self._inner = inner
+        self._paused = paused
+        self._hook = hook
+
+    def should_sample(
+        self,
+        parent_context: Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        """DROP a new trace while paused; otherwise whatever the configured sampler says."""
+        parent = trace.get_current_span(parent_context).get_span_context()
+        if not parent.is_valid and self._paused():
+            self._hook("paused", 1)
+            return SamplingResult(Decision.DROP)
+        return self._inner.should_sample(
+            parent_context, trace_id, name, kind, attributes, links, trace_state
+        )
+
+    def get_description(self) -> str:
+        """The configured sampler's description, wrapped."""
+        return f"WhileExporting{{{self._inner.get_description()}}}"
 
 
 class _SdkLogs(logging.Handler):

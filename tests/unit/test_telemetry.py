@@ -23,11 +23,12 @@ from aiohttp import web
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from projector.api import GRANTS, NAMESPACES, SECRETS
 from projector.controller import Controller
 from projector.status import Result
-from projector.telemetry import Metrics, configure_logging, http_app, log_processors
+from projector.telemetry import Metrics, configure_logging, http_app, log_processors, trace_id
 from tests.support import eventually
 from tests.unit.fakeapi import FakeApi
 from tests.unit.test_controller import controller
@@ -356,3 +357,24 @@ def test_a_failed_export_pauses_exporting_so_a_dead_receiver_costs_nothing_per_b
     assert exporter.export(batch) is SpanExportResult.SUCCESS and receiver.calls == 4
     assert metrics.spans_dropped.labels("export_failed")._value.get() == 12
     assert metrics.spans_exported._value.get() == 6
+
+
+def test_no_trace_is_started_while_exporting_is_paused_and_each_is_counted() -> None:
+    from projector.telemetry import WhileExporting
+
+    paused = [False]
+    metrics = Metrics()
+    sampler = WhileExporting(ALWAYS_ON, paused=lambda: paused[0], hook=metrics.on_spans)
+    provider = TracerProvider(sampler=sampler, shutdown_on_exit=False)
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("reconcile") as root:
+        paused[0] = True  # a failure paused exporting meanwhile: the trace started goes on
+        with tracer.start_as_current_span("write") as child:
+            assert root.is_recording() and child.is_recording()
+    with tracer.start_as_current_span("reconcile") as untraced:
+        assert not untraced.is_recording() and not untraced.get_span_context().trace_flags.sampled
+        assert trace_id() == ""  # neither logs nor exemplars point at a trace that is not there
+    paused[0] = False
+    with tracer.start_as_current_span("reconcile") as again:
+        assert again.is_recording()
+    assert metrics.spans_dropped.labels("paused")._value.get() == 1
