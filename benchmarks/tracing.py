@@ -155,6 +155,7 @@ async def many_reconciles(
         "spans_dropped_export_failed": c.metric(
             "projector_spans_dropped_total", reason="export_failed"
         ),
+        "traces_not_started_paused": c.metric("projector_spans_dropped_total", reason="paused"),
     }
 
 
@@ -184,12 +185,32 @@ async def fan_out_run(
     run = f"f{rep}m{MODES.index(mode)}"
     with running(kubeconfig, work, mode, run) as c:
         await wait_ready(c)
+        if mode in ("collector down", "black-holed"):
+            await outage_noticed(kube, c, run)
         result = await fan_out(kube, c, run, size["namespaces"], size["updates"])
         t0 = time.monotonic()
         result["exit_code"] = c.stop(timeout=60)
         result["exit_seconds"] = time.monotonic() - t0
     await delete_grants(kube)
     return result
+
+
+async def outage_noticed(kube: Kube, c: ControllerProcess, run: str) -> None:
+    """Reconcile until an export has failed: the timed fan-outs then see a receiver that has
+    been down a while (the steady state of an outage), not its first seconds."""
+    src, dst = f"tr-{run}-wsrc", f"tr-{run}-wdst"
+    await namespaces(kube, [src, dst], {"bench": "tracing"})
+    body = secret("db", {"k": "w0"}, labels=EXPORT, annotations=EXPORT_ALL)
+    await ensure(kube, SECRETS, body, namespace=src)
+    await kube.create(GRANTS, grant(f"tr-{run}-w", (src, "db"), targets=[dst]))
+    deadline = time.monotonic() + 120
+    i = 0
+    while c.metric("projector_spans_dropped_total", reason="export_failed") == 0:
+        if time.monotonic() > deadline:
+            raise TimeoutError("no export failed within 120 s")
+        i += 1
+        await put_value(kube, src, "db", "k", f"w{i}")
+        await asyncio.sleep(0.2)
 
 
 async def memory_run(
@@ -218,7 +239,7 @@ def table(systems: Mapping[str, Mapping[str, Any]]) -> str:
     off = systems["off"]
     lines = [
         "| tracing | fan-out p50 | p90 | CPU per write | vs off | reconciles | RSS after 1/10"
-        " -> end | spans exported / dropped | slowest exit |",
+        " -> end | spans exported / dropped / reconciles untraced | slowest exit |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, r in systems.items():
@@ -229,6 +250,7 @@ def table(systems: Mapping[str, Mapping[str, Any]]) -> str:
             f"| {r['cpu_ms_per_write']:.2f} ms | {ratio:.2f}x | {r['reconciles']:.0f} "
             f"| {r['rss_mib_after_first_tenth']:.1f} -> {r['rss_mib_end']:.1f} MiB "
             f"| {r['spans_exported']:.0f} / {dropped:.0f} "
+            f"/ {r.get('traces_not_started_paused', 0.0):.0f} "
             f"| {max(r['exit_seconds'], r.get('exit_seconds_max', 0.0)):.1f} s |"
         )
     return "\n".join(lines)
@@ -260,10 +282,10 @@ async def run_all(kubeconfig: Path, work: Path, size: Mapping[str, int]) -> dict
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.tracing")
     p.add_argument("--namespaces", type=int, default=20, help="copies per fan-out")
-    p.add_argument("--updates", type=int, default=30, help="timed fan-outs per mode")
+    p.add_argument("--updates", type=int, default=200, help="timed fan-outs per run")
     p.add_argument("--grants", type=int, default=100, help="one-copy grants for the RSS phase")
     p.add_argument("--rounds", type=int, default=100, help="source changes in the RSS phase")
-    p.add_argument("--repeats", type=int, default=3, help="fan-out runs per mode, interleaved")
+    p.add_argument("--repeats", type=int, default=2, help="fan-out runs per mode, interleaved")
     p.add_argument("--out", type=Path, default=RESULTS)
     a = p.parse_args(argv)
     size = {"namespaces": a.namespaces, "updates": a.updates, "grants": a.grants}
