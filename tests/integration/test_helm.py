@@ -245,7 +245,8 @@ def fresh_api(fresh_plane: ControlPlane) -> Iterator[client.ApiClient]:
 
 
 def helm_on(helm_bin: Path, plane: ControlPlane, *args: str) -> str:
-    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
+    # HOME too: client-go's discovery cache goes under $HOME/.kube, never the real home.
+    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "HOME": str(plane.root / "home")}
     env["HELM_CACHE_HOME"] = str(plane.root / "helm-cache")
     env["HELM_CONFIG_HOME"] = str(plane.root / "helm-config")
     env["HELM_DATA_HOME"] = str(plane.root / "helm-data")
