@@ -10,7 +10,7 @@ PY := .venv/bin/python
 export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := python3.11
 
-.PHONY: help install binaries helm prometheus manifests docs image generate observability-docs reliability-docs test unit integration harness lint fmt demo bench bench-quick clean
+.PHONY: help install binaries helm prometheus otelcol manifests docs image generate observability-docs traces-docs reliability-docs test unit integration harness lint fmt demo bench bench-quick clean
 
 help: ## list the commands
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -69,23 +69,29 @@ image: install ## build the controller image (Docker/Podman if running, else bui
 prometheus: ## build (or reuse) prometheus and promtool from their Go module
 	tests/prometheus/build.sh >/dev/null
 
+otelcol: ## build (or reuse) the OpenTelemetry Collector the tracing tests export to (tests/otel/build.sh)
+	tests/otel/build.sh >/dev/null
+
 generate: install ## rewrite docs/metrics.md, the dashboard and the alert rules from observability/
 	$(PY) -m observability
 
 observability-docs: install binaries prometheus ## redraw docs/observability.md from a real Prometheus run
 	PROJECTOR_UPDATE_DOCS=1 $(PY) -m pytest -q tests/integration/test_observability.py
 
+traces-docs: install binaries otelcol ## rewrite the traces section of docs/observability.md from a real collector
+	PROJECTOR_UPDATE_DOCS=1 $(PY) -m pytest -q tests/integration/test_tracing.py
+
 reliability-docs: install binaries ## rerun every fault test (-m fault, the minutes-long ones too) and rewrite docs/reliability.md
 	PROJECTOR_UPDATE_DOCS=1 PROJECTOR_LONG_FAULTS=1 $(PY) -m pytest -q -m fault tests/integration
 
 
-test: install binaries helm prometheus node-binaries lint docs ## everything: lint, docs, unit, integration and node tests (real API server, real node)
+test: install binaries helm prometheus otelcol node-binaries lint docs ## everything: lint, docs, unit, integration and node tests (real API server, real node, real collector)
 	$(PY) -m pytest
 
 unit: install ## pure tests only, no server
 	$(PY) -m pytest tests/unit
 
-integration: install binaries helm prometheus ## the product's tests against the local control plane
+integration: install binaries helm prometheus otelcol ## the product's tests against the local control plane
 	$(PY) -m pytest tests/integration
 
 harness: install binaries ## tests of the control plane, demo and benchmark harness

@@ -120,7 +120,7 @@ async def run(
         on_event=metrics.on_queue_event,
     )
     metrics.bind_queue(queue)
-    tracer = configure_tracing()
+    tracer = configure_tracing(metrics=metrics)
     writer = Writer(
         kube,
         metrics=metrics,

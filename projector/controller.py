@@ -212,6 +212,8 @@ class Controller:
             if written:
                 log.info("reconciled", writes=dict(written), source=plan.source_state.value)
             span.set_attribute("result", verdict.metric)
+            if verdict is Result.ERROR:
+                span.set_status(trace.StatusCode.ERROR, "a write failed; retried with backoff")
             return verdict
 
     async def _report(

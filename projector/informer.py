@@ -3,14 +3,13 @@
 The reflector loop is client-go's: LIST (page by page), then WATCH from the list's
 resourceVersion with bookmarks and a server timeout; a watch that ends normally resumes from
 the last resourceVersion seen; a 410 Gone relists and turns what vanished into deletions; any
-other API failure backs off and retries, forever, by a tenacity policy (each retry logged;
-the backoff starts over once the server answers again, and when the kind of failure changes):
-0.8 s doubling to 30 s, jittered, when the server answered with an error; the Retry-After it
-gave with a 429; at most `UNREACHABLE_RETRY_MAX` (1 s) when it did not answer at all (refused,
-reset, timed out), so that an informer is back within a second of its API server (a connection
-attempt to a server that is down costs it nothing) and the grants that waited on its cache run
-then (`app`). A client read deadline turns a silently stalled connection into an error, so a
-watch can never hang unnoticed.
+other API failure backs off and retries, forever, by a tenacity policy (`_wait`): 0.8 s
+doubling to 30 s when the server answered with an error, the Retry-After it gave with a 429, and
+at most `UNREACHABLE_RETRY_MAX` (1 s) when it did not answer at all (refused, reset, timed out),
+so that an informer is back within a second of its API server; each retry is logged, and the
+backoff starts over once the server answers again or the kind of failure changes. A client
+read deadline turns a silently stalled connection into an error, so a watch can never hang
+unnoticed.
 
 For /healthz, an informer says whether it is *wedged* (`wedged`: no step of its loop, no list
 page, event, error or retry, within a bound that every step keeps), and since when the server
@@ -40,13 +39,7 @@ from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 import structlog
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    stop_never,
-    wait_exponential_jitter,
-)
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never
 
 from projector.api import Api, Obj
 from projector.errors import ApiError, Gone, TooManyRequests
@@ -93,7 +86,7 @@ class Informer(Generic[K, T]):
         """Monotonic time since which the server has refused every attempt (401/403/404)."""
         self._need_list = True
         self._unreachable = False
-        """The last failure was the server not answering at all."""
+        """The last failure was the server not answering at all (a status of 0)."""
         self._progress = clock()
         self._step_bound = max(read_deadline, request_timeout) + backoff[1] + WEDGE_SLACK
         """The longest one step of the loop takes when nothing is wrong with this process."""
@@ -163,52 +156,55 @@ class Informer(Generic[K, T]):
         self.cache.put(k, new)
 
     def _retrying(self) -> AsyncRetrying:
-        """The policy of list and watch failures: retry API errors forever, with backoff.
+        """The policy of list and watch failures: retry API errors forever, waiting `_wait`.
 
-        Exponential from `backoff[0]` to `backoff[1]` with jitter; a Gone never gets here (it
-        relists at once), and anything but an `ApiError` (a bug in the store's indexes) ends the
-        informer, loudly.
+        A Gone never gets here (it relists at once), and anything but an `ApiError` (a bug in
+        the store's indexes) ends the informer, loudly.
         """
-        initial, maximum = self._backoff
-        answered = wait_exponential_jitter(multiplier=initial, max=maximum, jitter=initial)
-        first = min(initial, UNREACHABLE_RETRY_MAX)
-        silent = wait_exponential_jitter(
-            multiplier=first, max=UNREACHABLE_RETRY_MAX, jitter=first / 4
-        )
-
-        def wait(state: RetryCallState) -> float:
-            error = state.outcome.exception() if state.outcome is not None else None
-            unreachable = isinstance(error, ApiError) and error.status == 0
-            if unreachable != self._unreachable:  # a new kind of failure: a fresh backoff
-                self._unreachable, state.attempt_number = unreachable, 1
-            if isinstance(error, TooManyRequests):  # the server said when (APF, starting up)
-                return min(float(error.retry_after), maximum)
-            return float((silent if unreachable else answered)(state))
-
         return AsyncRetrying(
             stop=stop_never,
-            wait=wait,
+            wait=self._wait,
             retry=retry_if_exception_type(ApiError),
             before_sleep=self._failed,
             reraise=True,
         )
+
+    def _wait(self, state: RetryCallState) -> float:
+        """How long before the next try: a 429's Retry-After, else backoff with jitter.
+
+        Exponential, capped at 1 s while the server does not answer at all (so the informer
+        is back within a second of it) and at `backoff[1]` while it answers with errors; a new
+        kind of failure starts over.
+        """
+        error = state.outcome.exception() if state.outcome is not None else None
+        initial, maximum = self._backoff
+        if isinstance(error, TooManyRequests):  # the server said when (APF, starting up)
+            return min(float(error.retry_after), maximum)
+        unreachable = getattr(error, "status", None) == 0
+        if unreachable != self._unreachable:
+            self._unreachable, state.attempt_number = unreachable, 1
+        cap = UNREACHABLE_RETRY_MAX if unreachable else maximum
+        base = min(initial, cap)
+        return min(cap, base * 2.0 ** (state.attempt_number - 1) + random.uniform(0, base))
 
     def _failed(self, state: RetryCallState) -> None:
         """Before a retry's sleep: the cache may be behind now; say so and why."""
         self._alive()
         self.cache.healthy.clear()
         now = self._clock()
-        if self.failing_since is None:
+        first = self.failing_since is None
+        if first:
             self.failing_since = now
         error = state.outcome.exception() if state.outcome is not None else None
-        if isinstance(error, ApiError) and error.status in (401, 403, 404):
+        status = getattr(error, "status", None)
+        if status in (401, 403, 404):
             self.refused_since = self.refused_since or now
         else:
             self.refused_since = None  # refused continuously, or not at all
-        log.warning(
+        (log.warning if first else log.info)(  # later failures of a streak: info, not warning
             "watch failed; retrying",
             kind=self.name,
-            status=getattr(error, "status", None),
+            status=status,
             reason=getattr(error, "reason", ""),
             attempt=state.attempt_number,
             retry_in=round(state.upcoming_sleep, 2),

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import orjson
 import structlog
 from opentelemetry import trace
-from opentelemetry.trace import INVALID_SPAN, Span
+from opentelemetry.trace import INVALID_SPAN, Span, StatusCode
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -257,6 +257,8 @@ class Writer:
         with self._span("write", attributes) as span:
             outcome = await self._run_step(plan, step, bodies)
             span.set_attribute("result", outcome.reason.value)
+            if outcome.reason is Reason.WRITE_FAILED:  # the server's words, as in the status
+                span.set_status(StatusCode.ERROR, outcome.message)
             return outcome
 
     async def _run_step(self, plan: Plan, step: Step, bodies: _Bodies | None) -> Outcome:
@@ -399,6 +401,7 @@ class Writer:
                 return True  # deleted meanwhile: its copies are handled on the delete event
             except ApiError as e:
                 span.set_attribute("result", "error")
+                span.set_status(StatusCode.ERROR, f"{e.status} {e.reason}")
                 log.warning(
                     "status write failed; the grant is retried with backoff",
                     status=e.status,

@@ -1,7 +1,8 @@
 """The one launcher of `projector run` subprocesses: integration tests, the demo, benchmarks.
 
 Each starts the real controller as a process on a free loopback port, reads its /readyz and
-/metrics, and stops it with a signal; OTEL_* variables are dropped so no test exports spans.
+/metrics, and stops it with a signal; OTEL_* variables are dropped so no test exports spans
+unless it passes its own (`env`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,10 +151,12 @@ def launch(
     *extra: str,
     python: str = sys.executable,
     leader_elect: bool = False,
+    env: Mapping[str, str] | None = None,
 ) -> ControllerProcess:
     """Start `projector run` against `kubeconfig` on a free loopback port, logging to `log`.
 
     One replica runs with `--no-leader-elect` unless `leader_elect` (then it is one of several).
+    `env` is added to the environment (e.g. OTEL_EXPORTER_OTLP_ENDPOINT of a test's collector).
     """
     port = free_port()
     args = [
@@ -166,7 +170,7 @@ def launch(
         *([] if leader_elect else ["--no-leader-elect"]),
         *extra,
     ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | dict(env or {})
     started = time.monotonic()
     with log.open("wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)

@@ -9,7 +9,7 @@ statuses of the test's grants, are scanned for those values (raw and base64).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +54,11 @@ def start_controller(
         wait_ready: bool = True,
         leader_elect: bool = False,
         kubeconfig: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> ControllerProcess:
         """`kubeconfig`: another identity than the session's shipped-RBAC ServiceAccount (e.g.
-        one whose RBAC or API priority a test changes), never admin."""
+        one whose RBAC or API priority a test changes), never admin. `env`: added to the
+        process's environment (OTEL_* of a test's collector)."""
         log = tmp_path / f"controller-{len(procs)}.log"
         cp = launch(
             kubeconfig or projector_kubeconfig,
@@ -66,6 +68,7 @@ def start_controller(
             "--log-level=debug",
             *extra,
             leader_elect=leader_elect,
+            env=env,
         )
         procs.append(cp)
         if wait_ready:

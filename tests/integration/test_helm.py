@@ -48,6 +48,8 @@ ALL_ON = [
     "--set=image.digest=sha256:" + "a" * 64,
     "--set=controller.workers=8",
     "--set=networkPolicy.egress[0].ports[0].port=443",
+    "--set=tracing.otlpEndpoint=http://127.0.0.1:4318",
+    "--set=tracing.samplerRatio=0.25",
 ]
 
 
@@ -143,6 +145,13 @@ def test_template_non_default_values(helm_bin: Path) -> None:
     assert any("projector_projection_latency_seconds_bucket" in json.dumps(p) for p in panels)
     netpol = docs[("NetworkPolicy", "projector")]["spec"]
     assert netpol["policyTypes"] == ["Ingress", "Egress"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://127.0.0.1:4318"
+    assert (env["OTEL_TRACES_SAMPLER"], env["OTEL_TRACES_SAMPLER_ARG"]) == (
+        "parentbased_traceidratio",
+        "0.25",
+    )
+    assert not any(e["name"].startswith("OTEL_") for e in container(render(helm_bin))["env"])
     single = render(helm_bin, "--set=leaderElection.enabled=false", "--set=replicaCount=1")
     args = container(single)["args"]
     assert "--no-leader-elect" in args and "--leader-elect" not in args
@@ -192,6 +201,7 @@ def test_the_chart_renders_the_generated_rules_with_the_selector_and_runbook_fro
         ("replicaCount=-1", "replicaCount"),
         ("noSuchValue=1", "noSuchValue"),
         ("leaderElection.enabled=false", "replicaCount=1"),
+        ("tracing.samplerRatio=2", "samplerRatio"),
     ],
 )
 def test_values_schema_refuses_unsafe_or_unknown_values(
@@ -235,7 +245,8 @@ def fresh_api(fresh_plane: ControlPlane) -> Iterator[client.ApiClient]:
 
 
 def helm_on(helm_bin: Path, plane: ControlPlane, *args: str) -> str:
-    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
+    # HOME too: client-go's discovery cache goes under $HOME/.kube, never the real home.
+    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "HOME": str(plane.root / "home")}
     env["HELM_CACHE_HOME"] = str(plane.root / "helm-cache")
     env["HELM_CONFIG_HOME"] = str(plane.root / "helm-config")
     env["HELM_DATA_HOME"] = str(plane.root / "helm-data")

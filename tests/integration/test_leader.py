@@ -240,8 +240,7 @@ def test_leaders_frozen_mid_change_never_overlap_with_their_successors_nor_flap_
 ) -> None:
     """Real contention: each leader is frozen (SIGSTOP) with a change queued, a standby takes
     over and writes it, then the old leader wakes (SIGCONT) still wanting to write: its fence
-    refuses, it stops its workers and follows (it does not exit), and the API server saw no
-    write of it after its successor's."""
+    refuses, it follows, and the API server saw no write of it after its successor's."""
     slow = ("--debounce=2", "--debounce-max=2", "--debounce-hot-max=2")
     for _ in range(3):
         replicas.start(*slow)
@@ -259,12 +258,12 @@ def test_leaders_frozen_mid_change_never_overlap_with_their_successors_nor_flap_
             eventually(copy_is(k8s, consumer, value), timeout=30)  # the successor wrote it
         finally:
             os.kill(frozen.proc.pid, signal.SIGCONT)
-        # Awake, it finds its term over: fenced, it stops its workers and follows, no exit.
+        # Awake, it finds its term over and follows; then it is stopped, as a rollout would,
+        # so that each replica leads at most once and its writes form one run.
         eventually(lambda f=frozen: "lost the lease" in f.logs(), timeout=RENEW_S + 30)  # type: ignore[misc]
-        assert frozen.proc.poll() is None
-        assert frozen.stop() == 0  # retired as a rolling update would, so that no old leader
-        # campaigns again here: each replica leads at most once, and the runs below say so
+        assert frozen.proc.poll() is None, "losing the lease ended the process"
         refused += len(log_events(frozen, REFUSED))
+        assert frozen.stop() == 0
         assert nxt in replicas.by_id, f"an unknown holder {nxt}"
         leader = nxt
         replicas.start(*slow)  # the replaced replica comes back, as its pod would

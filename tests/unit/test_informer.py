@@ -223,49 +223,6 @@ async def test_a_failing_index_update_ends_the_informer_loudly() -> None:
         await asyncio.wait_for(inf.run(), 5)
 
 
-async def test_an_unreachable_server_is_neither_refusal_nor_wedge_and_a_refusal_is_timed() -> None:
-    """For /healthz: failures to reach the server never start the refusal clock; 403s do, and
-    any success stops it; an informer that keeps retrying keeps stepping (not wedged)."""
-    kube = ScriptedKube()
-    kube.objects = {"a": obj("a", "5")}
-    down = ServerError(0, "ClientConnectorError")
-    kube.scripts = [([], down), ([], down), ([], Forbidden(403, "Forbidden"))]
-    changes: list[tuple[Any, Any]] = []
-    inf = informer(kube, changes)
-    seen: list[tuple[bool, bool]] = []
-    original = kube.watch
-
-    def watch(*args: Any, **kw: Any) -> AsyncGenerator[tuple[str, Obj], None]:
-        seen.append((inf.failing_since is not None, inf.refused_since is not None))
-        return original(*args, **kw)
-
-    kube.watch = watch  # type: ignore[method-assign]
-    async with running(inf):
-        await asyncio.wait_for(kube.idle.wait(), 5)
-        assert not inf.wedged()
-    # Before each watch: (failing, refused). Unreachable twice: failing, never refused; after
-    # the 403: refused; the final watch's OPEN cleared both.
-    assert seen == [(False, False), (True, False), (True, False), (True, True)]
-    assert inf.failing_since is None and inf.refused_since is None
-
-
-def test_an_informer_that_stops_stepping_is_wedged() -> None:
-    now = [100.0]
-    cache: Cache[str, str] = Cache(SPEC, lambda old, new: None)
-    inf: Informer[str, Any] = Informer(
-        ScriptedKube(),  # type: ignore[arg-type]
-        cache,
-        read_deadline=5,
-        request_timeout=10,
-        backoff=(0.1, 1.0),
-        clock=lambda: now[0],
-    )
-    now[0] += 10 + 1 + 59  # the longest step (10 s), the longest backoff (1 s), slack (60 s)
-    assert not inf.wedged()
-    now[0] += 1.5
-    assert inf.wedged()
-
-
 async def test_a_deleted_event_whose_object_does_not_parse_still_removes_the_key() -> None:
     kube = ScriptedKube()
     kube.objects = {"a": obj("a", "5")}
@@ -339,3 +296,46 @@ async def test_list_failures_back_off_by_policy_and_each_retry_is_logged() -> No
     assert waits == sorted(waits) and waits[0] <= 0.02 and waits[-1] == 0.03
     assert kube.lists == 4 and items(inf) == {"a": "x"}
     assert inf.cache.healthy.is_set() and inf.failing_since is None
+
+
+async def test_an_unreachable_server_is_neither_refusal_nor_wedge_and_a_refusal_is_timed() -> None:
+    """For /healthz: failures to reach the server never start the refusal clock; 403s do, and
+    any success stops it; an informer that keeps retrying keeps stepping (not wedged)."""
+    kube = ScriptedKube()
+    kube.objects = {"a": obj("a", "5")}
+    down = ServerError(0, "ClientConnectorError")
+    kube.scripts = [([], down), ([], down), ([], Forbidden(403, "Forbidden"))]
+    changes: list[tuple[Any, Any]] = []
+    inf = informer(kube, changes)
+    seen: list[tuple[bool, bool]] = []
+    original = kube.watch
+
+    def watch(*args: Any, **kw: Any) -> AsyncGenerator[tuple[str, Obj], None]:
+        seen.append((inf.failing_since is not None, inf.refused_since is not None))
+        return original(*args, **kw)
+
+    kube.watch = watch  # type: ignore[method-assign]
+    async with running(inf):
+        await asyncio.wait_for(kube.idle.wait(), 5)
+        assert not inf.wedged()
+    # Before each watch: (failing, refused). Unreachable twice: failing, never refused; after
+    # the 403: refused; the final watch's OPEN cleared both.
+    assert seen == [(False, False), (True, False), (True, False), (True, True)]
+    assert inf.failing_since is None and inf.refused_since is None
+
+
+def test_an_informer_that_stops_stepping_is_wedged() -> None:
+    now = [100.0]
+    cache: Cache[str, str] = Cache(SPEC, lambda old, new: None)
+    inf: Informer[str, Any] = Informer(
+        ScriptedKube(),  # type: ignore[arg-type]
+        cache,
+        read_deadline=5,
+        request_timeout=10,
+        backoff=(0.1, 1.0),
+        clock=lambda: now[0],
+    )
+    now[0] += 10 + 1 + 59  # the longest step (10 s), the longest backoff (1 s), slack (60 s)
+    assert not inf.wedged()
+    now[0] += 1.5
+    assert inf.wedged()

@@ -11,6 +11,8 @@ import base64
 import io
 import json
 import re
+import threading
+import time
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -19,13 +21,15 @@ import pytest
 import structlog
 from aiohttp import web
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from projector.api import GRANTS, NAMESPACES, SECRETS
 from projector.controller import Controller
 from projector.status import Result
-from projector.telemetry import Metrics, configure_logging, http_app, log_processors
+from projector.telemetry import Metrics, configure_logging, http_app, log_processors, trace_id
+from tests.support import eventually
 from tests.unit.fakeapi import FakeApi
 from tests.unit.test_controller import controller
 from tests.unit.test_store import grant_obj, ns_obj, source_obj
@@ -237,13 +241,13 @@ def test_spans_are_exported_over_otlp_only_when_an_endpoint_is_set(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from projector.telemetry import configure_tracing
+    from projector import __version__
+    from projector.telemetry import BoundedSpanProcessor, configure_tracing
 
     def exporters(tracer: Any) -> list[Any]:
         processors = tracer.span_processor._span_processors
-        return [p.span_exporter for p in processors if isinstance(p, BatchSpanProcessor)]
+        return [p.span_exporter._inner for p in processors if isinstance(p, BoundedSpanProcessor)]
 
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
     assert exporters(configure_tracing()) == []
@@ -251,6 +255,11 @@ def test_spans_are_exported_over_otlp_only_when_an_endpoint_is_set(
     tracer: Any = configure_tracing()  # the SDK tracer, to read its processors
     try:
         assert [type(e) for e in exporters(tracer)] == [OTLPSpanExporter]
+        attributes = tracer.resource.attributes
+        assert (attributes["service.name"], attributes["service.version"]) == (
+            "projector",
+            __version__,
+        )
     finally:
         tracer.span_processor.shutdown()
 
@@ -276,3 +285,119 @@ def test_a_grant_s_conditions_are_one_series_each_by_name_and_reason_and_go_with
     assert series() == {("hub", "Ready", "Projected"): 1}  # the old reason's series is gone
     m.grant_ready("hub", None)
     assert series() == {}
+
+
+class _StuckReceiver(SpanExporter):
+    """An exporter whose export blocks until released, then fails: a receiver that is down."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def export(self, spans: Any) -> SpanExportResult:
+        self.entered.set()
+        self.release.wait(30)
+        return SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        self.release.set()
+
+
+def _end_spans(processor: Any, n: int) -> None:
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("test")
+    for i in range(n):
+        tracer.start_span(f"s{i}").end()
+
+
+def test_with_the_receiver_stuck_spans_beyond_the_queue_are_dropped_and_counted() -> None:
+    from projector.telemetry import BoundedSpanProcessor
+
+    metrics = Metrics()
+    receiver = _StuckReceiver()
+    processor = BoundedSpanProcessor(
+        receiver, hook=metrics.on_spans, max_queue_size=8, schedule_delay_millis=60_000
+    )
+    try:
+        _end_spans(processor, 8)  # a full batch: the worker takes it and blocks in export
+        assert receiver.entered.wait(10)
+        _end_spans(processor, 20)  # 8 fill the queue again, 12 push out older ones
+        assert metrics.spans_dropped.labels("queue_full")._value.get() == 12
+        assert metrics.spans_dropped.labels("export_failed")._value.get() == 0
+        receiver.release.set()  # the receiver answers, with failures: both batches are lost
+        eventually(lambda: metrics.spans_dropped.labels("export_failed")._value.get() == 16)
+        assert metrics.spans_exported._value.get() == 0
+    finally:
+        receiver.release.set()
+        processor.shutdown()
+
+
+def test_shutdown_is_bounded_while_the_receiver_never_answers() -> None:
+    from projector.telemetry import BoundedSpanProcessor
+
+    receiver = _StuckReceiver()
+    receiver.shutdown = lambda: None  # type: ignore[method-assign]  # not even shutdown frees it
+    processor = BoundedSpanProcessor(
+        receiver, hook=lambda *_: None, max_queue_size=4, shutdown_seconds=0.5
+    )
+    try:
+        _end_spans(processor, 8)
+        assert receiver.entered.wait(10)
+        started = time.monotonic()
+        processor.shutdown()  # the SDK alone would wait up to 30 s for the stuck export
+        assert time.monotonic() - started < 1.5
+    finally:
+        receiver.release.set()
+
+
+def test_a_failed_export_pauses_exporting_so_a_dead_receiver_costs_nothing_per_batch() -> None:
+    from projector.telemetry import EXPORT_PAUSE, _CountingExporter
+
+    class Receiver(SpanExporter):
+        def __init__(self) -> None:
+            self.calls = 0
+            self.up = False
+
+        def export(self, spans: Any) -> SpanExportResult:
+            self.calls += 1
+            return SpanExportResult.SUCCESS if self.up else SpanExportResult.FAILURE
+
+    now = [0.0]
+    metrics, receiver = Metrics(), Receiver()
+    exporter = _CountingExporter(receiver, lambda _: None, metrics.on_spans, clock=lambda: now[0])
+    batch: Any = [object()] * 3
+    first, cap = EXPORT_PAUSE
+    assert exporter.export(batch) is SpanExportResult.FAILURE and receiver.calls == 1
+    assert exporter.export(batch) is SpanExportResult.FAILURE and receiver.calls == 1  # paused
+    now[0] += first
+    assert exporter.export(batch) is SpanExportResult.FAILURE and receiver.calls == 2
+    now[0] += first  # the pause doubled
+    assert exporter.export(batch) is SpanExportResult.FAILURE and receiver.calls == 2
+    now[0] += cap
+    receiver.up = True
+    assert exporter.export(batch) is SpanExportResult.SUCCESS and receiver.calls == 3
+    assert exporter.export(batch) is SpanExportResult.SUCCESS and receiver.calls == 4
+    assert metrics.spans_dropped.labels("export_failed")._value.get() == 12
+    assert metrics.spans_exported._value.get() == 6
+
+
+def test_no_trace_is_started_while_exporting_is_paused_and_each_is_counted() -> None:
+    from projector.telemetry import WhileExporting
+
+    paused = [False]
+    metrics = Metrics()
+    sampler = WhileExporting(ALWAYS_ON, paused=lambda: paused[0], hook=metrics.on_spans)
+    provider = TracerProvider(sampler=sampler, shutdown_on_exit=False)
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("reconcile") as root:
+        paused[0] = True  # a failure paused exporting meanwhile: the trace started goes on
+        with tracer.start_as_current_span("write") as child:
+            assert root.is_recording() and child.is_recording()
+    with tracer.start_as_current_span("reconcile") as untraced:
+        assert not untraced.is_recording() and not untraced.get_span_context().trace_flags.sampled
+        assert trace_id() == ""  # neither logs nor exemplars point at a trace that is not there
+    paused[0] = False
+    with tracer.start_as_current_span("reconcile") as again:
+        assert again.is_recording()
+    assert metrics.spans_dropped.labels("paused")._value.get() == 1
