@@ -15,7 +15,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,8 @@ def test_template_default_values_is_restricted_and_highly_available(helm_bin: Pa
             "RoleBinding",
             "Service",
             "ServiceAccount",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         ]
     )
     deploy = docs[("Deployment", "projector")]
@@ -123,6 +125,9 @@ def test_template_default_values_is_restricted_and_highly_available(helm_bin: Pa
     assert {"get", "update"} == set(next(r for r in lease if r.get("resourceNames"))["verbs"])
     cluster_rules = docs[("ClusterRole", "projector")]["rules"]
     assert not any("*" in r["verbs"] or "*" in r["resources"] for r in cluster_rules)
+    verbs = {res: set(r["verbs"]) for r in cluster_rules for res in r["resources"]}
+    assert verbs["projectiongrants/status"] == {"patch"}  # nothing reads or PUTs a status
+    assert verbs["namespaces"] == {"list", "watch"}  # namespaces come from the informer only
 
 
 def test_template_non_default_values(helm_bin: Path) -> None:
@@ -411,9 +416,31 @@ def test_helm_install_upgrade_uninstall_on_a_real_api_server(
         except client.ApiException as e:
             if e.status != 409:
                 raise
-        with pytest.raises(client.ApiException) as denied:
-            sa.delete_namespaced_secret("not-projectors", dst)
-        assert denied.value.status in (403, 422)
+
+        def as_projector(change: Callable[[client.V1Secret], None]) -> Callable[[], object]:
+            def update() -> object:  # a PUT: the verb projector's ClusterRole grants it
+                obj = core.read_namespaced_secret("not-projectors", dst)
+                change(obj)
+                return sa.replace_namespaced_secret("not-projectors", dst, obj)
+
+            return update
+
+        def relabel(o: client.V1Secret) -> None:
+            o.metadata.labels = {"projector.nebari.dev/managed-by": "projector"}
+
+        def rewrite(o: client.V1Secret) -> None:
+            o.data = {"x": "eA=="}
+
+        for attempt in (  # neither delete, nor update, nor claim it by adding projector's label
+            lambda: sa.delete_namespaced_secret("not-projectors", dst),
+            as_projector(rewrite),
+            as_projector(relabel),
+        ):
+            with pytest.raises(client.ApiException) as denied:
+                attempt()
+            assert denied.value.status in (403, 422), denied.value
+            assert "managed-by=projector" in (denied.value.body or ""), denied.value.body
+        assert not (core.read_namespaced_secret("not-projectors", dst).metadata.labels or {})
         k8s.patch_secret(src, "hub", {"data": {"api-token": "CANARY-helm-2"}})
         eventually(lambda: k8s.copy_data(dst, "hub") == {"api-token": "CANARY-helm-2"})
     finally:
