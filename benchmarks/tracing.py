@@ -242,7 +242,8 @@ def table(systems: Mapping[str, Mapping[str, Any]]) -> str:
         " -> end | spans exported / dropped / reconciles untraced | slowest exit |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for mode, r in systems.items():
+    for mode in sorted(systems, key=lambda m: MODES.index(m) if m in MODES else len(MODES)):
+        r = systems[mode]
         ratio = r["cpu_ms_per_write"] / off["cpu_ms_per_write"]
         dropped = r["spans_dropped_queue_full"] + r["spans_dropped_export_failed"]
         lines.append(
