@@ -40,23 +40,15 @@ PEAK_RSS = pytest.StashKey[dict[str, int]]()
 # --- markers ------------------------------------------------------------------------------------
 
 
-ONE_NODE_PER_MACHINE = ("node", "harness/test_demo.py")
-"""Tests that may start the machine's one node (kubelet + containerd): under pytest-xdist
-(`make test` runs two workers) they share a group, so one worker runs them all in turn."""
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test by its directory (tests/unit -> unit, ...), so `-m` selects by cost."""
     for item in items:
         try:
-            rel = item.path.resolve().relative_to(TESTS_DIR)
+            top = item.path.resolve().relative_to(TESTS_DIR).parts[0]
         except ValueError:
             continue
-        top = rel.parts[0]
         if top in CATEGORIES:
             item.add_marker(getattr(pytest.mark, top))
-        if top == "node" or rel.as_posix() in ONE_NODE_PER_MACHINE:
-            item.add_marker(pytest.mark.xdist_group("node"))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
