@@ -5,8 +5,9 @@ resourceVersion with bookmarks and a server timeout; a watch that ends normally 
 the last resourceVersion seen; a 410 Gone relists and turns what vanished into deletions; any
 other API failure backs off and retries, forever, by a tenacity policy (`_wait`): 0.8 s
 doubling to 30 s when the server answered with an error, the Retry-After it gave with a 429, and
-at most `UNREACHABLE_RETRY_MAX` (1 s) when it did not answer at all (refused, reset, timed out),
-so that an informer is back within a second of its API server; each retry is logged, and the
+at most `UNREACHABLE_RETRY_MAX` (1 s) when it did not answer at all (refused, reset, timed out)
+or, just after that, refused us (401/403 while a restarted server's authorizer warms up), so
+that an informer is back within a second of its API server; each retry is logged, and the
 backoff starts over once the server answers again or the kind of failure changes. A client
 read deadline turns a silently stalled connection into an error, so a watch can never hang
 unnoticed.
@@ -180,7 +181,11 @@ class Informer(Generic[K, T]):
         initial, maximum = self._backoff
         if isinstance(error, TooManyRequests):  # the server said when (APF, starting up)
             return min(float(error.retry_after), maximum)
-        unreachable = getattr(error, "status", None) == 0
+        status = getattr(error, "status", None)
+        # A server back from an outage refuses for a while (401/403: its authorizer's caches
+        # are still filling): that is part of the outage, so the short cap holds until the
+        # first success, not a backoff towards `backoff[1]` that would delay the recovery.
+        unreachable = status == 0 or (self._unreachable and status in (401, 403))
         if unreachable != self._unreachable:
             self._unreachable, state.attempt_number = unreachable, 1
         cap = UNREACHABLE_RETRY_MAX if unreachable else maximum
@@ -234,7 +239,7 @@ class Informer(Generic[K, T]):
                     healthy.clear()
                     await self._relist()
                     self._need_list = False
-                    state.attempt_number = 1
+                    state.attempt_number, self._unreachable = 1, False
                     self.failing_since = self.refused_since = None
                     self.cache.synced.set()
                     healthy.set()
@@ -250,7 +255,7 @@ class Informer(Generic[K, T]):
                     async for kind, obj in events:
                         self._alive()
                         healthy.set()
-                        state.attempt_number = 1
+                        state.attempt_number, self._unreachable = 1, False
                         self.failing_since = self.refused_since = None
                         if kind == "OPEN":
                             self._event("OPEN")  # a sign of life: the server accepted the watch

@@ -339,3 +339,26 @@ def test_an_informer_that_stops_stepping_is_wedged() -> None:
     assert not inf.wedged()
     now[0] += 1.5
     assert inf.wedged()
+
+
+async def test_refusals_just_after_an_outage_keep_the_short_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server back from an outage answers 403 while its authorizer warms up: part of the
+    outage, so the retries stay at the unreachable cap, not doubling towards backoff[1]."""
+    import projector.informer as informer_module
+
+    monkeypatch.setattr(informer_module, "UNREACHABLE_RETRY_MAX", 0.01)
+    kube = ScriptedKube()
+    kube.objects = {"a": obj("a", "5")}
+    errors = [ServerError(0, "ClientConnectorError")] + [Forbidden(403, "Forbidden")] * 4
+    kube.page_errors = {(n, 0): e for n, e in enumerate(errors, start=1)}
+    fake: Api = kube  # type: ignore[assignment]
+    inf = Informer(fake, Cache(SPEC, lambda _o, _n: None), backoff=(0.005, 10.0))
+    with structlog.testing.capture_logs() as logs:
+        async with running(inf):
+            await asyncio.wait_for(kube.idle.wait(), 5)
+    retries = [(e["status"], e["retry_in"]) for e in logs if e["event"] == "watch failed; retrying"]
+    assert [s for s, _ in retries] == [0, 403, 403, 403, 403]
+    assert all(wait <= 0.01 for _, wait in retries), retries
+    assert items(inf) == {"a": "x"}

@@ -1881,7 +1881,7 @@ copies_st = st.lists(
                 ("a", "team-a", "b", "dev", SRC_NS, "team-b"),
                 [True, True, True, False],  # at the grant's target name (else at the other one)
                 ["now", "old", "team"],
-                ["uid-g", OTHER_LIVE, DEAD, None, "", "uid-r", "uid-z"],  # owner (grant-uid)
+                ["uid-g", "uid-g", OTHER_LIVE, DEAD, None, "", "uid-r", "uid-z"],  # owner
                 ["g", "other", None],  # grant label
                 ["Delete", "Retain", "garbage", None],  # recorded on-revoke policy
                 ["Opaque", "example.com/x"],
