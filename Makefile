@@ -91,8 +91,8 @@ reliability-docs: install binaries ## rerun every fault test (-m fault, the minu
 # to one worker here: pytest-xdist 3.8 on pytest 9.2 split them twice).
 TEST_WORKERS ?= 2
 test: install binaries helm prometheus otelcol node-binaries lint docs ## everything: lint, docs, unit, integration and node tests (real API server, real node, real collector)
-	$(PY) -m pytest -n $(TEST_WORKERS) -m "not node"
-	$(PY) -m pytest -m node
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not node and not serial"
+	$(PY) -m pytest -m "node or serial"
 
 unit: install ## pure tests only, no server
 	$(PY) -m pytest tests/unit
