@@ -566,7 +566,7 @@ class Node:
                 for pid, _ in left:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
-                time.sleep(0.05)
+                time.sleep(0.05)  # allowed-sleep: poll interval of a loop with a deadline
                 left = processes_under(self.root)
             if left:
                 raise NodeError(f"still running after SIGKILL: {left}")
@@ -593,7 +593,7 @@ class Node:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.05)
+            time.sleep(0.05)  # allowed-sleep: poll interval of a loop with a deadline
 
     def _cleanup_host(self) -> None:
         """Unmount, remove cgroups and created paths, restore sysctls (from host-state.json)."""
@@ -696,7 +696,7 @@ class Node:
                     )
             if done():
                 return
-            time.sleep(0.1)
+            time.sleep(0.1)  # allowed-sleep: poll interval of a loop with a deadline
         logs = "\n".join(f"--- {p.log}:\n{tail(p.log)}" for p in self.processes.values())
         raise NodeError(f"{what} not reached after {self.start_timeout:.0f}s\n{logs}")
 
