@@ -85,6 +85,7 @@ class SyncFloor:
         encoded = base64.b64encode(value.encode()).decode()
         cpu0 = time.process_time()
         t0 = time.monotonic()
+        marks = []
         for name in names:
             k = (namespace, name)
             body = self.bodies[k]
@@ -94,10 +95,13 @@ class SyncFloor:
             r.read()
             if r.status != 200:
                 raise RuntimeError(f"PUT {namespace}/{name}: {r.status}")
+            marks.append(time.monotonic())
             with self.changed:
                 self.changed.wait_for(partial(self._has, k, value), 30)
+            marks.append(time.monotonic())
         t1 = time.monotonic()
-        return {"t0": t0, "t1": t1, "cpu": time.process_time() - cpu0, "writes": len(names)}
+        cpu = time.process_time() - cpu0
+        return {"t0": t0, "t1": t1, "cpu": cpu, "writes": len(names), "marks": marks}
 
 
 def serve(kubeconfig: Path) -> None:
