@@ -60,9 +60,18 @@ def fit(xs: Sequence[float], ys: Sequence[float]) -> dict[str, float]:
     return {"a": my - b * mx, "b": b}
 
 
-def at(line: dict[str, float], y: float) -> float | None:
-    """The x where the line reaches y (None if it never grows)."""
-    return (y - line["a"]) / line["b"] if line["b"] > 0 else None
+def _took(step: float) -> dict[str, float]:
+    return {"seconds": round(time.monotonic() - step, 1)}
+
+
+def _affordable(started: float, budget: float, points: list[dict[str, Any]], n: int) -> bool:
+    """Whether size n fits in what is left of the axis's budget, guessing its duration from the
+    last point's (linear in the size), so the largest point cannot overrun by its own length."""
+    spent = time.monotonic() - started
+    if not points:
+        return spent < budget
+    last = points[-1]
+    return spent + last["seconds"] * n / max(last["size"], 1) <= budget
 
 
 async def _count(kube: Kube, selector: str) -> int:
@@ -155,46 +164,56 @@ async def point(
 
 
 async def namespaces_axis(
-    kube: Kube, obs: Observer, kubeconfig: Path, work: Path, sizes: Sequence[int], budget: float
-) -> list[dict[str, Any]]:
+    kube: Kube,
+    obs: Observer,
+    kubeconfig: Path,
+    work: Path,
+    sizes: Sequence[int],
+    budget: float,
+    points: list[dict[str, Any]],
+) -> None:
     await _sources(kube, "scale-ns-src", "ns-hub")
     g = grant("scale-ns", ("scale-ns-src", "ns-hub-0"), selector={"scale": "ns"})
     await ensure(kube, GRANTS, _labelled(g, "namespaces"))
-    points: list[dict[str, Any]] = []
     started, have = time.monotonic(), 0
     for n in sizes:
-        if time.monotonic() - started > budget:
+        if not _affordable(started, budget, points, n):
             break
+        step = time.monotonic()
         await namespaces(kube, [f"scale-ns-{i}" for i in range(have, n)], {"scale": "ns"})
         have = n
         fanned = [(f"scale-ns-{i}", "ns-hub-0") for i in range(n)]
-        points.append(
-            await point(
-                kube,
-                obs,
-                kubeconfig,
-                work,
-                "namespaces",
-                n,
-                n,
-                ("scale-ns-src", "ns-hub-0"),
-                fanned,
-            )
+        p = await point(
+            kube,
+            obs,
+            kubeconfig,
+            work,
+            "namespaces",
+            n,
+            n,
+            ("scale-ns-src", "ns-hub-0"),
+            fanned,
         )
-    return points
+        points.append(p | _took(step))
 
 
 async def grants_axis(
-    kube: Kube, obs: Observer, kubeconfig: Path, work: Path, sizes: Sequence[int], budget: float
-) -> list[dict[str, Any]]:
+    kube: Kube,
+    obs: Observer,
+    kubeconfig: Path,
+    work: Path,
+    sizes: Sequence[int],
+    budget: float,
+    points: list[dict[str, Any]],
+) -> None:
     await _sources(kube, "scale-g-src", "g-hub")
     targets = [f"scale-g-{i}" for i in range(BASE_NAMESPACES)]
     await namespaces(kube, targets, {})
-    points: list[dict[str, Any]] = []
     started, have = time.monotonic(), 0
     for n in sizes:
-        if time.monotonic() - started > budget:
+        if not _affordable(started, budget, points, n):
             break
+        step = time.monotonic()
         await gather_limited(
             ensure(
                 kube,
@@ -213,12 +232,10 @@ async def grants_axis(
         )
         have = n
         fanned = [(targets[g % BASE_NAMESPACES], f"copy-{g}") for g in range(0, n, SOURCES)]
-        points.append(
-            await point(
-                kube, obs, kubeconfig, work, "grants", n, n, ("scale-g-src", "g-hub-0"), fanned
-            )
+        p = await point(
+            kube, obs, kubeconfig, work, "grants", n, n, ("scale-g-src", "g-hub-0"), fanned
         )
-    return points
+        points.append(p | _took(step))
 
 
 def _spread(targets: list[str], g: int, per: int) -> list[str]:
@@ -227,16 +244,22 @@ def _spread(targets: list[str], g: int, per: int) -> list[str]:
 
 
 async def copies_axis(
-    kube: Kube, obs: Observer, kubeconfig: Path, work: Path, sizes: Sequence[int], budget: float
-) -> list[dict[str, Any]]:
+    kube: Kube,
+    obs: Observer,
+    kubeconfig: Path,
+    work: Path,
+    sizes: Sequence[int],
+    budget: float,
+    points: list[dict[str, Any]],
+) -> None:
     await _sources(kube, "scale-c-src", "c-hub")
     targets = [f"scale-c-{i}" for i in range(BASE_NAMESPACES)]
     await namespaces(kube, targets, {})
-    points: list[dict[str, Any]] = []
     started = time.monotonic()
     for n in sizes:
-        if time.monotonic() - started > budget:
+        if not _affordable(started, budget, points, n):
             break
+        step = time.monotonic()
         per = n // COPY_GRANTS
         if not points:
             await gather_limited(
@@ -269,25 +292,29 @@ async def copies_axis(
             for g in range(0, COPY_GRANTS, SOURCES)
             for ns in _spread(targets, g, per)
         ]
-        points.append(
-            await point(
-                kube,
-                obs,
-                kubeconfig,
-                work,
-                "copies",
-                n,
-                per * COPY_GRANTS,
-                ("scale-c-src", "c-hub-0"),
-                fanned,
-            )
+        p = await point(
+            kube,
+            obs,
+            kubeconfig,
+            work,
+            "copies",
+            n,
+            per * COPY_GRANTS,
+            ("scale-c-src", "c-hub-0"),
+            fanned,
         )
-    return points
+        points.append(p | _took(step))
 
 
 async def unrelated_axis(
-    kube: Kube, obs: Observer, kubeconfig: Path, work: Path, sizes: Sequence[int], budget: float
-) -> list[dict[str, Any]]:
+    kube: Kube,
+    obs: Observer,
+    kubeconfig: Path,
+    work: Path,
+    sizes: Sequence[int],
+    budget: float,
+    points: list[dict[str, Any]],
+) -> None:
     """Unlabelled Secrets created while one controller runs: its RSS and CPU must not move."""
     await _sources(kube, "scale-u-src", "u-hub")
     targets = [f"scale-u-{i}" for i in range(100)]
@@ -295,11 +322,11 @@ async def unrelated_axis(
     g = grant("scale-u", ("scale-u-src", "u-hub-0"), targets=targets)
     await ensure(kube, GRANTS, _labelled(g, "unrelated"))
     fanned = [(ns, "u-hub-0") for ns in targets]
-    points: list[dict[str, Any]] = []
     started, have = time.monotonic(), 0
     for n in sizes:
-        if time.monotonic() - started > budget:
+        if not _affordable(started, budget, points, n):
             break
+        step = time.monotonic()
         async with controller(kubeconfig, work / f"scale-unrelated-{n}.log", "--qps=0") as c:
             await _until_copies(kube, f"{AXIS}=unrelated", len(targets), 600)
             await settle(c, 600)
@@ -320,13 +347,18 @@ async def unrelated_axis(
         have = n
         src = ("scale-u-src", "u-hub-0")
         p = await point(kube, obs, kubeconfig, work, "unrelated", n, len(targets), src, fanned)
-        points.append(p | running)
-    return points
+        points.append(p | running | _took(step))
 
 
 async def rate_axis(
-    kube: Kube, obs: Observer, kubeconfig: Path, work: Path, rates: Sequence[float], seconds: float
-) -> list[dict[str, Any]]:
+    kube: Kube,
+    obs: Observer,
+    kubeconfig: Path,
+    work: Path,
+    rates: Sequence[float],
+    seconds: float,
+    points: list[dict[str, Any]],
+) -> None:
     """One source, 100 copies, updates at each rate for `seconds` (default flags: the debounce
     coalesces a hot source): CPU per update, writes per copy, and the lag of the last value."""
     await _sources(kube, "scale-r-src", "r-hub")
@@ -335,7 +367,6 @@ async def rate_axis(
     g = grant("scale-r", ("scale-r-src", "r-hub-0"), targets=targets)
     await ensure(kube, GRANTS, _labelled(g, "rate"))
     keys = [(ns, "r-hub-0") for ns in targets]
-    points: list[dict[str, Any]] = []
     async with (
         controller(kubeconfig, work / "scale-rate.log") as c,
         Watcher(obs, f"{AXIS}=rate", "token") as watch,
@@ -374,22 +405,25 @@ async def rate_axis(
                     "cpu_share_of_a_core": round(cpu / (max(sent) - start), 3),
                 }
             )
-    return points
 
 
 def _slopes(fits: dict[str, Any]) -> dict[str, Any]:
     """The per-object costs the fits give, as the result file's metrics."""
     per = {
-        "copy": fits["copies"]["rss_mib"]["b"],
-        "grant_with_its_copy": fits["grants"]["rss_mib"]["b"],
-        "namespace_with_its_copy": fits["namespaces"]["rss_mib"]["b"],
-        "unrelated_secret": fits["unrelated"]["rss_mib"]["b"],
+        "copy": "copies",
+        "grant_with_its_copy": "grants",
+        "namespace_with_its_copy": "namespaces",
+        "unrelated_secret": "unrelated",
     }
-    out = {f"rss_per_{k}": {"value": v * 2**20, "unit": "bytes"} for k, v in per.items()}
-    out["restart_settled_per_copy"] = {
-        "value": fits["copies"]["restart_settled_seconds"]["b"] * 1e6,
-        "unit": "us",
+    out = {
+        f"rss_per_{k}": {"value": fits[axis]["rss_mib"]["b"] * 2**20, "unit": "bytes"}
+        for k, axis in per.items()
+        if axis in fits
     }
+    for k, axis in per.items():
+        if axis in fits:
+            b = fits[axis]["restart_settled_seconds"]["b"]
+            out[f"restart_settled_per_{k}"] = {"value": b * 1e6, "unit": "us"}
     return out
 
 
@@ -399,6 +433,7 @@ async def run(
     budget = size["budget_seconds"]
     axes: dict[str, Any] = {}
     took: dict[str, float] = {}
+    errors: dict[str, str] = {}
     async with observer(kubeconfig) as obs:
         for name, fn in (
             ("namespaces", namespaces_axis),
@@ -407,14 +442,25 @@ async def run(
             ("unrelated", unrelated_axis),
         ):
             t = time.monotonic()
-            axes[name] = await fn(kube, obs, kubeconfig, work, size[name], budget)
+            axes[name] = []
+            try:  # a long run: an axis that fails keeps its points, the others still run
+                await fn(kube, obs, kubeconfig, work, size[name], budget, axes[name])
+            except Exception as e:
+                errors[name] = f"{type(e).__name__}: {e}"[:500]
             took[name] = round(time.monotonic() - t, 1)
-            print(f"scaling: {name} done in {took[name]} s", flush=True)
+            print(f"scaling: {name} done in {took[name]} s {errors.get(name, '')}", flush=True)
         t = time.monotonic()
-        axes["rate"] = await rate_axis(kube, obs, kubeconfig, work, *size["rate"])
+        axes["rate"] = []
+        try:
+            rates, seconds = size["rate"]
+            await rate_axis(kube, obs, kubeconfig, work, rates, seconds, axes["rate"])
+        except Exception as e:
+            errors["rate"] = f"{type(e).__name__}: {e}"[:500]
         took["rate"] = round(time.monotonic() - t, 1)
     fits: dict[str, Any] = {}
     for name in ("namespaces", "grants", "copies", "unrelated"):
+        if not axes[name]:
+            continue
         pts = [p for p in axes[name] if p["cpu_ms_per_write"] is not None] or axes[name]
         xs = [float(p["size"]) for p in axes[name]]
         fits[name] = {
@@ -435,5 +481,5 @@ async def run(
         },
         {"projector": _slopes(fits)},
         out=out,
-        extra={"axes": axes, "fits": fits},
+        extra={"axes": axes, "fits": fits, "errors": errors},
     )
