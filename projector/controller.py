@@ -32,12 +32,13 @@ from opentelemetry import trace
 from projector import reconcile, status
 from projector.config import Config
 from projector.errors import Fenced
+from projector.metrics import Metrics
 from projector.model import GrantRecord
 from projector.queue import QueueShutDown, WorkQueue
 from projector.recorder import Recorder, timestamp
 from projector.status import Result
 from projector.store import Kind, Store
-from projector.telemetry import Metrics, trace_id
+from projector.tracing import trace_id
 from projector.writer import Writer
 
 log = structlog.get_logger("projector")

@@ -11,11 +11,11 @@ from projector.api import EVENTS, GRANTS, NAMESPACES, SECRETS
 from projector.config import Config
 from projector.controller import Controller
 from projector.errors import ServerError, TooManyRequests
+from projector.metrics import Metrics
 from projector.queue import WorkQueue
 from projector.recorder import Recorder
 from projector.status import Result
 from projector.store import Kind, Store
-from projector.telemetry import Metrics
 from projector.writer import Writer
 from tests.unit.factories import managed_fields
 from tests.unit.fakeapi import FakeApi
