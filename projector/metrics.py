@@ -213,6 +213,22 @@ METRICS = (
         "reason: which grant is broken, and why (grants are few and admin-created).",
         ("grant", "condition", "reason"),
     ),
+    Metric(
+        "grant_retries",
+        "projector_grant_retries",
+        "gauge",
+        "Failed reconciles in a row of a grant the work queue retries with backoff, by grant "
+        "(the series goes when the grant succeeds; Ready's lastTransitionTime says since when).",
+        ("grant",),
+    ),
+    Metric(
+        "grant_retry_delay",
+        "projector_grant_retry_delay_seconds",
+        "gauge",
+        "The wait the work queue chose before a failing grant's next try, by grant (its "
+        "backoff, never shorter than the server's Retry-After).",
+        ("grant",),
+    ),
     Metric("leader", "projector_leader", "gauge", "1 while this replica leads."),
     Metric(
         "leader_transitions",
@@ -306,6 +322,8 @@ class Metrics:
     projections: Gauge
     grants: Gauge
     grant_condition: Gauge
+    grant_retries: Gauge
+    grant_retry_delay: Gauge
     leader: Gauge
     leader_transitions: Counter
     lease_renew: Histogram
@@ -335,6 +353,7 @@ class Metrics:
         self._conditions: dict[str, dict[str, str]] = {}
         """Per grant, the reason last exported for each condition type."""
         self._running: dict[str, float] = {}
+        self._retrying: set[str] = set()
         self._heard: dict[str, float] = {}
         self._requests: dict[tuple[str, str, int], Any] = {}
         self._durations: dict[str, Any] = {}
@@ -428,6 +447,19 @@ class Metrics:
             self.grant_condition.labels(name, type_, new[type_]).set(c.get("status") == "True")
         if new:
             self._conditions[name] = new
+
+    def retrying(self, name: str, attempts: int, delay: float) -> None:
+        """Grant `name` failed `attempts` times in a row; the queue tries again in `delay` s."""
+        self._retrying.add(name)
+        self.grant_retries.labels(name).set(attempts)
+        self.grant_retry_delay.labels(name).set(delay)
+
+    def recovered(self, name: str) -> None:
+        """Grant `name` is no longer retried with backoff (it succeeded, or it is gone)."""
+        if name in self._retrying:
+            self._retrying.discard(name)
+            self.grant_retries.remove(name)
+            self.grant_retry_delay.remove(name)
 
     def leading(self, leading: bool) -> None:
         """This replica became leader (counted as a transition) or stopped being one."""
