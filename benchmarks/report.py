@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt
 
 from benchmarks import scaling_report
 from benchmarks.common import REPO, RESULTS
+from projector.config import Config
 
 DOCS = REPO / "docs"
 PLOTS = DOCS / "benchmarks"
@@ -54,7 +55,8 @@ def table(doc: dict[str, Any]) -> list[str]:
     ]
     for system, metrics in doc["systems"].items():
         for metric, m in metrics.items():
-            lines.append(stat_row(system, metric, m))
+            if isinstance(m, dict):  # tracing.json also holds plain numbers and run lists
+                lines.append(stat_row(system, metric, m))
     if doc.get("ratios"):
         lines += ["", "| ratio | value |", "|---|---|"]
         lines += [f"| {k} | {fmt(v)} |" for k, v in doc["ratios"].items()]
@@ -110,7 +112,15 @@ orjson, in its own process, with the admin kubeconfig's client certificate, key 
 `ssl.SSLContext` (not projector's client): the same PUTs (with the last known resourceVersion),
 the same concurrency as projector's write path (32), timed to the watch event of its last write.
 For one change and one copy, the floor is two write+watch round trips on that client (write A,
-see A, write B, see B), the least a controller must do. Client CPU per write: for projector, the
+see A, write B, see B), the least a controller must do; beside it, in the same run and in
+alternating blocks, the same two round trips on a plain synchronous client
+(`benchmarks/floor_sync.py`: `http.client` + `json`, the watch read by a thread of the same
+process), to show whether the aiohttp floor carries overhead of its own; each floor's table
+splits its samples at each write's response and watch event. Where projector's milliseconds go:
+one more block of debounce-0 samples with the controller exporting spans to a real OpenTelemetry
+Collector, each sample split at its `reconcile` span's start and its `write` span's start and
+end (span times converted to the monotonic clock with one offset); tracing costs CPU of its own,
+so those samples are not in projector's series. Client CPU per write: for projector, the
 controller process's CPU time (/proc, user + system) from just before the trigger until it has
 used no CPU for 0.3 s after the last copy (so its handling of its own writes' watch events
 counts; nothing is asked of it in that window), divided by its Update writes
@@ -133,8 +143,18 @@ were dataclass hashing of `ObjectKey`, a dict rebuilt per call, and fnmatch for 
 hoisted invariants) are measured side by side in `hotpath-before-after` (each version in its
 own subprocess, alternating rounds).
 
+Rotation to pod (`benchmarks/pod_latency.py`, on the real node of tests/node, kubelet
+syncFrequency 100 ms): a source Secret written -> the new value read inside a running
+container; the floor there is a bare write of the very Secret a pod mounts (no controller
+between), then projector, then projection, one after the other on one node (not alternating:
+each needs its own pod).
+
 Exact commands of this page: `make bench` (that is `python -m benchmarks full`, then
-`python -m benchmarks.report`) and `python -m benchmarks.before_after 08b2335`.
+`python -m benchmarks.pod_latency --rotations 30` under the node's lock, then
+`python -m benchmarks.report`, which also writes docs/scaling.md), `python -m
+benchmarks.before_after 08b2335`, `python -m benchmarks.profile` (cpu-per-write) and
+`python -m benchmarks.tracing` (tracing), the last two run on their own (their sections say
+at which commit).
 """
 
 
@@ -213,6 +233,11 @@ def verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else ("pass" if ok else "**FAIL**")
 
 
+QPS, BURST = Config().qps, Config().burst  # projector run's default --qps and --burst
+PLAIN = "plain floor (2 write+watch round trips, stdlib sync client)"
+POD_METRIC = "source_write_to_file_in_pod"
+
+
 def targets(docs: dict[str, Any], results: Path = RESULTS) -> list[str]:
     """Each target against this run's numbers, with a verdict and the result file it comes from.
 
@@ -258,6 +283,16 @@ def targets(docs: dict[str, Any], results: Path = RESULTS) -> list[str]:
     lat_p99 = _get(docs, "latency", lat0, "end_to_end", "p99")
     cpu100 = _get(docs, f100, "projector", "client_cpu_per_write")
     cpu1000 = _get(docs, "fanout-1000", "projector", "client_cpu_per_write")
+    cpu1000q = _get(docs, "fanout-1000-qps0", "projector", "client_cpu_per_write")
+    bucket_ms = max(0, 1_000 - BURST) / QPS * 1000
+    pod = docs.get("pod-latency", {}).get("ratios", {}).get("projector / bare write p50")
+    pod_p50 = _get(docs, "pod-latency", "projector", POD_METRIC)
+    bare_p50 = _get(docs, "pod-latency", "bare write", POD_METRIC)
+    scaling = docs.get("scaling", {}).get("axes", {})
+    unrelated_pts = scaling.get("unrelated", [])
+    scale_writes = [
+        p["restart_writes"] for a in scaling.values() for p in a if "restart_writes" in p
+    ]
     fcpu100 = _get(docs, f100, "floor", "client_cpu_per_write")
     burst_max = _get(docs, "burst", "projector", "max_writes_per_copy")
     burst_exact = _get(docs, "burst", "projector", "final_state_exact")
@@ -314,32 +349,39 @@ def targets(docs: dict[str, Any], results: Path = RESULTS) -> list[str]:
         ),
         (
             "fan-out 1 -> 1,000, p50",
-            "<= 1.25 x the aiohttp floor",
-            f"{v(r1000)} x (default --qps), {v(r1000q)} x (--qps 0)",
-            verdict(both(check(r1000, lambda x: x <= 1.25), check(r1000q, lambda x: x <= 1.25))),
+            "<= 1.25 x the aiohttp floor, `--qps 0`",
+            f"{v(r1000q)} x with --qps 0 (projector "
+            f"{v(_get(docs, 'fanout-1000-qps0', 'projector', 'last_copy'), 'ms')}, floor "
+            f"{v(_get(docs, 'fanout-1000-qps0', 'floor', 'last_copy'), 'ms')}); beside it, "
+            f"{v(r1000)} x with the default client rate limit (projector "
+            f"{v(_get(docs, 'fanout-1000', 'projector', 'last_copy'), 'ms')}; the token bucket "
+            f"alone allows no less than {v(bucket_ms, 'ms')}: (1,000 - {BURST}) / {QPS:g} per s)",
+            verdict(check(r1000q, lambda x: x <= 1.25)),
             files("fanout-1000", "fanout-1000-qps0"),
         ),
         (
             "one change, one copy (debounce 0)",
             "p50 <= 1.3 x two write+watch round trips; p99 <= 25 ms",
             f"{v(rlat)} x floor ({v(_get(docs, 'latency', lat0, 'end_to_end'), 'ms')} vs "
-            f"{v(_get(docs, 'latency', 'floor (2 write+watch round trips)', 'end_to_end'), 'ms')})"
-            f"; p99 {v(lat_p99, 'ms')}",
+            f"{v(_get(docs, 'latency', 'floor (2 write+watch round trips)', 'end_to_end'), 'ms')}"
+            f", {v(ratio('latency', lat0 + ' - floor p50 (ms)'), 'ms')} added); "
+            f"{v(ratio('latency', lat0 + ' / plain floor p50'))} x the plain stdlib floor "
+            f"({v(_get(docs, 'latency', PLAIN, 'end_to_end'), 'ms')}); p99 {v(lat_p99, 'ms')}",
             verdict(both(check(rlat, lambda x: x <= 1.3), check(lat_p99, lambda x: x <= 25))),
             files("latency"),
         ),
         (
             "client CPU per write (projector)",
             "<= 0.6 ms",
-            f"p50 {v(cpu100, 'ms')} (1 -> 100), {v(cpu1000, 'ms')} (1 -> 1,000); "
-            f"floor {v(fcpu100, 'ms')}",
+            f"p50 {v(cpu100, 'ms')} (1 -> 100), {v(cpu1000, 'ms')} (1 -> 1,000), "
+            f"{v(cpu1000q, 'ms')} (1 -> 1,000, --qps 0); floor {v(fcpu100, 'ms')}",
             verdict(
                 both(
                     check(cpu100, lambda x: x <= 0.6),
-                    *([check(cpu1000, lambda x: x <= 0.6)] if cpu1000 is not None else []),
+                    *[check(x, lambda x: x <= 0.6) for x in (cpu1000, cpu1000q) if x is not None],
                 )
             ),
-            files(f100, "fanout-1000"),
+            files(f100, "fanout-1000", "fanout-1000-qps0"),
         ),
         (
             "burst: 1,000 updates in ~1 s, 100 copies",
@@ -389,6 +431,44 @@ def targets(docs: dict[str, Any], results: Path = RESULTS) -> list[str]:
             or "n/a",
             verdict(both(*failover)) if failover else "n/a",
             files("failover"),
+        ),
+        (
+            "rotation -> new value read in a running pod (volume)",
+            "<= 1.2 x a bare write on the same node",
+            f"projector {v(pod_p50, 's')}, bare write {v(bare_p50, 's')} ({v(pod)} x), p50 of "
+            f"{param('pod-latency', 'rotations')} rotations each",
+            verdict(check(pod, lambda x: x <= 1.2)),
+            files("pod-latency"),
+        ),
+        (
+            "unrelated Secrets, up to the scaling run's largest",
+            "add <= 5 MB RSS and 0 CPU per change",
+            "; ".join(
+                f"+{p['created_while_running']:,}: {p['rss_delta_mib_while_created']:+.2f} MiB, "
+                f"{p['cpu_seconds_while_created']:.2f} s CPU"
+                for p in unrelated_pts
+            )
+            or "n/a",
+            verdict(
+                both(
+                    *[
+                        p["rss_delta_mib_while_created"] * 2**20 / 1e6 <= 5
+                        and p["cpu_seconds_while_created"] <= 0.1
+                        for p in unrelated_pts
+                    ]
+                )
+                if unrelated_pts
+                else None
+            ),
+            files("scaling"),
+        ),
+        (
+            "scale of one replica",
+            "published slopes (RSS, CPU per event, restart time); restarts write nothing",
+            f"[docs/scaling.md](scaling.md): {len(scale_writes)} restarts, "
+            f"{v(sum(scale_writes) if scale_writes else None)} writes",
+            verdict(check(scale_writes or None, lambda xs: sum(xs) == 0)),
+            files("scaling"),
         ),
         (
             "hot path: plan one (grant, namespace)",

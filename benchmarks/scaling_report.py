@@ -274,7 +274,9 @@ def _limits(fits: dict[str, Any]) -> list[str]:
         "",
         "Each fitted line solved for the target, the other axes at this benchmark's "
         "leftovers (the intercept a); an extrapolation beyond the largest measured point is "
-        "only as good as the line.",
+        "only as good as the line. Restart times move with the machine's load far more than "
+        "RSS does: where an axis's restart times do not grow from point to point, its line is "
+        "noise and so is the size it gives.",
         "",
         "| axis | what | target | reached at |",
         "|---|---|---|---|",
