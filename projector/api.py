@@ -7,7 +7,7 @@ integration tests use the real API server. Nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -116,3 +116,13 @@ class Api(Protocol):
     async def patch_status(self, res: Resource, name: str, status: Obj) -> Obj:
         """Merge-patch a cluster-scoped object's status subresource."""
         ...
+
+
+async def collect(pages: AsyncIterator[tuple[list[Obj], str]]) -> tuple[list[Obj], str]:
+    """Every object of a paged list at once, and the list's resourceVersion (for tools)."""
+    items: list[Obj] = []
+    version = ""
+    async for page, rv in pages:
+        items.extend(page)
+        version = rv
+    return items, version

@@ -37,7 +37,7 @@ from kr8s._auth import KubeAuth
 from yarl import URL
 
 from projector import __version__, wire
-from projector.api import Obj, Resource
+from projector.api import Obj, Resource, collect
 from projector.connection import IDLE_RECYCLE, POOL, TokenBucket, tcp_socket
 from projector.errors import (
     AuthenticationFailed,
@@ -270,32 +270,12 @@ class Kube:
                 return
             params["continue"] = meta["continue"]
 
-    async def list(
-        self,
-        res: Resource,
-        *,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        metadata_only: bool = False,
-        limit: int = 500,
-    ) -> tuple[list[Obj], str]:
-        """Every object at once, and the list's resourceVersion.
+    async def list(self, res: Resource, **pages: Any) -> tuple[list[Obj], str]:
+        """Every object at once, and the list's resourceVersion (`pages`' keyword arguments).
 
         For tools and benchmarks: the controller reads lists with `pages`.
         """
-        items: list[Obj] = []
-        rv = ""
-        pages = self.pages(
-            res,
-            namespace=namespace,
-            label_selector=label_selector,
-            metadata_only=metadata_only,
-            limit=limit,
-        )
-        async for page, version in pages:
-            items.extend(page)
-            rv = version
-        return items, rv
+        return await collect(self.pages(res, **pages))
 
     async def watch(
         self,
