@@ -67,6 +67,10 @@ class Config:
     """Every grant is reconciled again from the caches this often (jittered by +-10%); 0 turns
     it off. It repairs what a missed event or a failed status write left stale; a grant in sync
     writes nothing, so a resync costs CPU, not API writes."""
+    rollouts: bool = False
+    """Roll Deployments, StatefulSets and DaemonSets that name a copy in their
+    projector.nebari.dev/rollout-on annotation when its content changes (`projector.rollout`).
+    Off: no workload is listed, watched or patched (and the chart grants no access to them)."""
     conflict_recheck: float = 60.0
     """How often a grant with conflicts looks again (the blocking object is not cached)."""
     watch_timeout: int = 300
@@ -156,6 +160,12 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         default=seconds(_env("RESYNC_PERIOD", f"{d.resync_period:g}s")),
         help="reconcile every grant again this often, jittered, e.g. 10m; 0 turns it off",
     )
+    p.add_argument(
+        "--rollouts",
+        action=argparse.BooleanOptionalAction,
+        default=_env("ROLLOUTS", "false").lower() in ("1", "true", "yes"),
+        help="roll workloads that opt in with projector.nebari.dev/rollout-on (default off)",
+    )
     p.add_argument("--id", default=_env("ID", "") or socket.gethostname())
     p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level))
     p.add_argument(
@@ -200,4 +210,5 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         watch_timeout=a.watch_timeout,
         informer_stall_after=a.informer_stall_after,
         resync_period=a.resync_period,
+        rollouts=a.rollouts,
     )

@@ -82,7 +82,7 @@ def _name_key(obj: Obj) -> str:
 class Spec(Generic[K, T]):
     """How one kind is listed, watched, keyed and parsed into its cached value."""
 
-    kind: Kind
+    kind: StrEnum
     resource: Resource
     parse: Callable[[Obj], T]
     key: Callable[[Obj], K]
@@ -241,6 +241,7 @@ class Store:
     def __init__(self, api: Api) -> None:
         self._api = api
         self._listener: Listener | None = None
+        self._copy_watchers: list[Callable[[Copy | None, Copy | None], None]] = []
         self.grants = Cache(GRANT_SPEC, self._grant_changed)
         self.sources = Cache(SOURCE_SPEC, self._source_changed)
         self.namespaces = Cache(NAMESPACE_SPEC, self._namespace_changed)
@@ -277,6 +278,10 @@ class Store:
     def listen(self, listener: Listener) -> None:
         """Tell `listener` which grant names each later change affects."""
         self._listener = listener
+
+    def watch_copies(self, watcher: Callable[[Copy | None, Copy | None], None]) -> None:
+        """Also tell `watcher` of every change of a copy (old, new), e.g. to roll its readers."""
+        self._copy_watchers.append(watcher)
 
     def grant_names(self) -> list[str]:
         """Every cached grant name, valid or not."""
@@ -475,6 +480,8 @@ class Store:
         elif new is not None:  # a copy that holds what its grant wants is no news to it
             names = {n for n in names if not ((d := self._wanted.get(n)) and d.in_sync(new))}
         self._notify(Kind.COPY, names)
+        for watcher in self._copy_watchers:
+            watcher(old, new)
 
 
 def _update(index: defaultdict[str, set[ObjectKey]], k: str, key: ObjectKey, add: bool) -> None:

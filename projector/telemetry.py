@@ -216,6 +216,13 @@ class Metrics:
             "Copies restored after someone changed them.",
             registry=r,
         )
+        self.rollouts = Counter(
+            "projector_rollouts_total",
+            "Rollouts started on consumer workloads (--rollouts), by the grant of the copy "
+            "whose content changed and the workload's namespace.",
+            ["grant", "namespace"],
+            registry=r,
+        )
         self.spans_exported = Counter(
             "projector_spans_exported_total",
             "Spans the OTLP receiver accepted (0 unless OTEL_EXPORTER_OTLP_ENDPOINT is set).",
