@@ -224,7 +224,7 @@ def deployment(
     }
 
 
-DONE = {"replicas": 2, "updatedReplicas": 2, "availableReplicas": 2}
+DONE: dict[str, Any] = {"replicas": 2, "updatedReplicas": 2, "availableReplicas": 2}
 
 
 @pytest.mark.parametrize(
