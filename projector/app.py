@@ -132,9 +132,7 @@ async def run(
     rollouts = None
     if cfg.rollouts:  # off: no workload is even listed
         rollout_queue: WorkQueue[Ref] = WorkQueue(
-            debounce=cfg.debounce,
-            debounce_max=cfg.debounce_max,
-            debounce_hot_max=cfg.debounce_hot_max,
+            debounce=cfg.rollout_debounce, debounce_max=cfg.rollout_debounce_max
         )
         rollouts = Rollouts(store, writer, queue=rollout_queue, metrics=metrics, instance=cfg.id)
         informers += [informer(c) for c in rollouts.caches]

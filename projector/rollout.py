@@ -14,8 +14,10 @@ nothing. What the pods were started with is the template's stamp, or, before the
 rollout, the baseline `projector.nebari.dev/seen-<copy>` on the workload's own metadata: on
 first sight projector records the hash there instead of rolling, so opting in restarts
 nothing. A rollout is never started while the last one still progresses; the newest hash goes
-out once it is done (the workload's status events wake the key). Keys are debounced by the
-work queue like sources, so a burst of changes rolls a few times, not once per change.
+out once it is done (the workload's status events wake the key). Keys wait in a work queue
+with a window of their own (--rollout-debounce, 2 s, at most --rollout-debounce-max, 10 s):
+a burst of source changes reaches a copy as a few writes seconds apart (the hot debounce),
+and those collapse into one or two rollouts, not one each.
 
 Only workloads carrying the annotation are cached, and only what the decision needs. Every
 apply carries all of projector's stamps of the workload, so server-side apply never drops one
@@ -379,6 +381,7 @@ class Rollouts:
         if w is None:
             return True
         d = decide(w, self.hashes(w))
+        log.debug("rollout checked", workload=_name(ref), rolled=d.rolled, held=d.held)
         if d.held:
             log.info("rollout held: the last one still progresses", workload=_name(ref))
         if not d.needed(w):
