@@ -506,7 +506,7 @@ class Kube:
     async def apply(self, res: Resource, body: Obj, *, namespace: str, field_manager: str) -> Obj:
         """Server-side apply (JSON is YAML): `field_manager` then owns exactly the fields sent."""
         return await self._request(
-            "APPLY",
+            "PATCH",
             "PATCH",
             res,
             namespace=namespace,

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from projector.api import DEPLOYMENTS, EVENTS
+from projector.metrics import Metrics
 from projector.model import HASH_ANNOTATION
 from projector.queue import WorkQueue
 from projector.rollout import (
@@ -33,7 +34,6 @@ from projector.rollout import (
     stamp_key,
 )
 from projector.store import Store
-from projector.telemetry import Metrics
 from projector.writer import Writer
 from tests.unit.factories import copy_from, desired_of, make_grant, make_source
 from tests.unit.fakeapi import FakeApi
