@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from projector import config
 from projector.api import DEPLOYMENTS, EVENTS
 from projector.metrics import Metrics
 from projector.model import HASH_ANNOTATION
@@ -331,3 +332,17 @@ async def test_rollouts_apply_once_record_an_event_and_count_it() -> None:
 
 def applies(api: FakeApi) -> int:
     return sum(verb == "APPLY" for verb, _, _ in api.calls)
+
+
+def test_rollouts_are_off_unless_asked_and_their_window_is_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PROJECTOR_ROLLOUTS", raising=False)
+    cfg = config.parse([])
+    assert not cfg.rollouts and (cfg.rollout_debounce, cfg.rollout_debounce_max) == (2.0, 10.0)
+    cfg = config.parse(["--rollouts", "--rollout-debounce=500ms", "--rollout-debounce-max=3s"])
+    assert cfg.rollouts and (cfg.rollout_debounce, cfg.rollout_debounce_max) == (0.5, 3.0)
+    monkeypatch.setenv("PROJECTOR_ROLLOUTS", "true")
+    assert config.parse([]).rollouts
+    with pytest.raises(SystemExit):
+        config.parse(["--rollout-debounce=5s", "--rollout-debounce-max=1s"])
