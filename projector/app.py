@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -37,7 +38,8 @@ from projector.logs import configure_logging
 from projector.metrics import Metrics
 from projector.queue import WorkQueue
 from projector.recorder import Recorder
-from projector.store import Store
+from projector.rollout import Ref, Rollouts
+from projector.store import Cache, Store
 from projector.tracing import configure_tracing, spans_exported
 from projector.writer import Writer
 
@@ -89,17 +91,7 @@ class Process:
         self.behind = False
         """Some cache was behind the server (a failed list or watch, a relist) since the last
         time every cache was current."""
-        self.informers = [
-            Informer(
-                kube,
-                c,
-                on_event=self._on_informer_event,
-                timeout_seconds=cfg.watch_timeout,
-                read_deadline=cfg.informer_stall_after / 2,
-            )
-            for c in store.caches
-        ]
-        metrics.bind_informers((i.name for i in self.informers), cfg.informer_stall_after)
+        self.informers = [self._informer(c) for c in store.caches]
         self.queue: WorkQueue[str] = WorkQueue(
             debounce=cfg.debounce,
             debounce_max=cfg.debounce_max,
@@ -115,6 +107,17 @@ class Process:
             concurrency=cfg.write_concurrency,
             fence=fence,
         )
+        self.rollouts: Rollouts | None = None
+        if cfg.rollouts:  # off: no workload is even listed
+            rollout_queue: WorkQueue[Ref] = WorkQueue(
+                debounce=cfg.rollout_debounce, debounce_max=cfg.rollout_debounce_max
+            )
+            self.rollouts = Rollouts(
+                store, writer, queue=rollout_queue, metrics=metrics, instance=cfg.id
+            )
+            self.informers += [self._informer(c) for c in self.rollouts.caches]
+        self.caches = [i.cache for i in self.informers]
+        metrics.bind_informers((i.name for i in self.informers), cfg.informer_stall_after)
         self.controller = Controller(
             store,
             config=cfg,
@@ -123,6 +126,7 @@ class Process:
             writer=writer,
             recorder=Recorder(writer, cfg.id),
             tracer=tracer,
+            rollouts=self.rollouts,
         )
         self.tasks: list[asyncio.Task[None]] = []
         """The tasks that run for the life of the process: if one ends, the process is wedged."""
@@ -130,6 +134,16 @@ class Process:
         """The workers of the current leadership term (none while following)."""
         self.runner = web.AppRunner(
             http_app(metrics, alive=self.alive, ready=self.ready), access_log=None
+        )
+
+    def _informer(self, cache: Cache[Any, Any]) -> Informer[Any, Any]:
+        cfg = self.cfg
+        return Informer(
+            self.kube,
+            cache,
+            on_event=self._on_informer_event,
+            timeout_seconds=cfg.watch_timeout,
+            read_deadline=cfg.informer_stall_after / 2,
         )
 
     @classmethod
@@ -180,7 +194,7 @@ class Process:
 
     def ready(self) -> bool:
         """Every cache has synced and none is known to be behind the server right now."""
-        return self.store.synced() and self.store.healthy()
+        return all(c.synced.is_set() and c.healthy.is_set() for c in self.caches)
 
     def _on_informer_event(self, kind: str, type_: str) -> None:
         self.metrics.on_informer_event(kind, type_)
@@ -206,13 +220,13 @@ class Process:
 
     async def serve(self) -> None:
         """Informers (and the elector), then, once every cache is synced, the workers."""
-        store, elector, tasks = self.store, self.elector, self.tasks
+        elector, tasks = self.elector, self.tasks
         async with asyncio.TaskGroup() as tg:
             tasks.extend(tg.create_task(i.run(), name=f"informer-{i.name}") for i in self.informers)
             if elector is not None:
                 tasks.append(tg.create_task(elector.run(), name="elector"))
-            await asyncio.gather(*(c.synced.wait() for c in store.caches))
-            log.info("caches synced", **{c.spec.kind.value: len(c) for c in store.caches})
+            await asyncio.gather(*(c.synced.wait() for c in self.caches))
+            log.info("caches synced", **{c.spec.kind.value: len(c) for c in self.caches})
             if elector is not None:  # a hot standby until it leads: synced, ready, waiting
                 tasks.append(tg.create_task(self._lead(tg, elector), name="leadership"))
             else:
@@ -245,10 +259,11 @@ class Process:
 
     def _requeue_interrupted(self) -> None:
         """Keys whose reconcile was cancelled with its term are queued for the next one."""
-        queue = self.queue
-        for key in list(queue.processing):
-            queue.done(key)
-            queue.add_now(key)
+        rollouts = self.rollouts
+        for q in (self.queue, *((rollouts.queue,) if rollouts else ())):
+            for key in list(q.processing):
+                q.done(key)
+                q.add_now(key)
 
     async def shut_down(self, task: asyncio.Task[None], stopper: asyncio.Task[bool]) -> None:
         """Drain the reconciles under way, cancel `serve`'s task, release the Lease, close all."""

@@ -62,7 +62,7 @@ def _name_key(obj: Obj) -> str:
 class Spec(Generic[K, T]):
     """How one kind is listed, watched, keyed and parsed into its cached value."""
 
-    kind: Kind
+    kind: StrEnum
     resource: Resource
     parse: Callable[[Obj], T]
     key: Callable[[Obj], K]

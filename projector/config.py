@@ -68,6 +68,15 @@ class Config:
     """Every grant is reconciled again from the caches this often (jittered by +-10%); 0 turns
     it off. It repairs what a missed event or a failed status write left stale; a grant in sync
     writes nothing, so a resync costs CPU, not API writes."""
+    rollouts: bool = False
+    """Roll Deployments, StatefulSets and DaemonSets that name a copy in their
+    projector.nebari.dev/rollout-on annotation when its content changes (`projector.rollout`).
+    Off: no workload is listed, watched or patched (and the chart grants no access to them)."""
+    rollout_debounce: float = 2.0
+    """Trailing window of a workload's rollout: the copy writes of one burst (seconds apart,
+    see --debounce-hot-max) collapse into one rollout instead of one each."""
+    rollout_debounce_max: float = 10.0
+    """A workload's rollout waits at most this long after the first copy change it follows."""
     conflict_recheck: float = 60.0
     """How often a grant with conflicts looks again (the blocking object is not cached)."""
     watch_timeout: int = 300
@@ -148,6 +157,16 @@ FLAGS = (
         seconds,
         "reconcile every grant again this often, jittered, e.g. 10m; 0 turns it off",
     ),
+    Flag(
+        "--rollout-debounce",
+        seconds,
+        "trailing window that collapses a burst of copy changes into one rollout, e.g. 2s",
+    ),
+    Flag(
+        "--rollout-debounce-max",
+        seconds,
+        "longest a rollout waits after the first copy change it follows, e.g. 10s",
+    ),
     Flag("--log-level", str),
     Flag(
         "--informer-dead-after",
@@ -156,7 +175,7 @@ FLAGS = (
         "fails, e.g. 120s (an unreachable server never fails it)",
     ),
 )
-"""The flags that set one `Config` field each (besides --kubeconfig, --leader-elect, --id)."""
+"""The flags that set one `Config` field each (besides --kubeconfig, the switches, --id)."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -168,6 +187,12 @@ def parser() -> argparse.ArgumentParser:
         "--leader-elect",
         action=argparse.BooleanOptionalAction,
         default=_env("LEADER_ELECT", "true").lower() in ("1", "true", "yes"),
+    )
+    p.add_argument(
+        "--rollouts",
+        action=argparse.BooleanOptionalAction,
+        default=_env("ROLLOUTS", "false").lower() in ("1", "true", "yes"),
+        help="roll workloads that opt in with projector.nebari.dev/rollout-on (default off)",
     )
     p.add_argument("--id", default=_env("ID", "") or socket.gethostname())
     for flag in FLAGS:
@@ -187,6 +212,8 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         p.error("need 0 <= --debounce <= --debounce-max <= --debounce-hot-max")
     if a.watch_timeout < 1 or a.informer_stall_after <= 0:
         p.error("--watch-timeout and --informer-stall-after must be positive")
+    if not 0 <= a.rollout_debounce <= a.rollout_debounce_max:
+        p.error("need 0 <= --rollout-debounce <= --rollout-debounce-max")
     if a.resync_period < 0:
         p.error("--resync-period must be 0 (off) or positive")
     if not a.id:
@@ -197,5 +224,10 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         p.error(str(e))
     fields = {f.field: getattr(a, f.field) for f in FLAGS}
     return Config(
-        kubeconfig=a.kubeconfig, leader_elect=a.leader_elect, id=a.id, lease=lease, **fields
+        kubeconfig=a.kubeconfig,
+        leader_elect=a.leader_elect,
+        rollouts=a.rollouts,
+        id=a.id,
+        lease=lease,
+        **fields,
     )

@@ -62,6 +62,7 @@ class Metrics:
     informer_idle: Gauge
     informer_stall_after: Gauge
     drift_corrections: Counter
+    rollouts: Counter
     spans_exported: Counter
     spans_dropped: Counter
 

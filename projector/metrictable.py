@@ -265,6 +265,14 @@ METRICS = (
         "Copies restored after someone changed them.",
     ),
     Metric(
+        "rollouts",
+        "projector_rollouts_total",
+        "counter",
+        "Rollouts started on consumer workloads (--rollouts), by the grant of the copy whose "
+        "content changed and the workload's namespace.",
+        ("grant", "namespace"),
+    ),
+    Metric(
         "spans_exported",
         "projector_spans_exported_total",
         "counter",
