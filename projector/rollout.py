@@ -37,13 +37,14 @@ from typing import Any
 import structlog
 
 from projector.api import DAEMONSETS, DEPLOYMENTS, STATEFULSETS, Obj, Resource
+from projector.caches import Cache, Spec
 from projector.errors import ApiError, Fenced, NotFound
 from projector.metrics import Metrics
 from projector.model import GRANT_LABEL, HASH_ANNOTATION, PREFIX, Copy, ObjectKey
 from projector.queue import QueueShutDown, WorkQueue
 from projector.recorder import event, timestamp
 from projector.status import Event
-from projector.store import Cache, Spec, Store
+from projector.store import Store
 from projector.writer import Writer
 
 log = structlog.get_logger("projector.rollout")
