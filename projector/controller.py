@@ -29,12 +29,13 @@ from typing import Any
 import structlog
 from opentelemetry import trace
 
-from projector import reconcile, status
+from projector import probe, reconcile, status
 from projector.config import Config
 from projector.errors import Fenced
 from projector.metrics import Metrics
-from projector.model import GrantRecord
+from projector.model import Copy, GrantRecord
 from projector.queue import QueueShutDown, WorkQueue
+from projector.reconcile import Desired
 from projector.recorder import Recorder, timestamp
 from projector.rollout import Rollouts
 from projector.status import Result
@@ -83,7 +84,20 @@ class Controller:
         self._stopping = False
         self._stopped = asyncio.Event()
         self._ids = itertools.count(1)
-        store.listen(self._enqueue)
+        self._wanted: dict[str, Desired] = {}
+        """Per grant, the copy its last plan wanted: events of copies holding it are echoes."""
+        store.listen(self._enqueue, echo=self._is_echo)
+
+    def _is_echo(self, name: str, copy: Copy) -> bool:
+        """The copy holds what grant `name` last planned: the echo of its own write."""
+        desired = self._wanted.get(name)
+        return desired is not None and desired.in_sync(copy)
+
+    def _want(self, name: str, desired: Desired | None) -> None:
+        if desired is None:
+            self._wanted.pop(name, None)
+        else:
+            self._wanted[name] = desired
 
     def _enqueue(self, kind: Kind, names: Iterable[str]) -> None:
         """Queue the grants a change affects.
@@ -200,7 +214,7 @@ class Controller:
                 grant=name, reconcile_id=rid, trace_id=trace_id()
             ),
         ):
-            snap = await self.store.snapshot(name)
+            snap = await probe.snapshot(self.store, name)
             rec = snap.record
             if rec is not None and rec.grant is None:
                 invalid = status.invalid(rec)
@@ -208,7 +222,7 @@ class Controller:
                     return status.Verdict(Result.ERROR)
                 return status.Verdict(Result.OK)
             plan = reconcile.plan(snap)
-            self.store.want(name, plan.desired)
+            self._want(name, plan.desired)
             outcomes = await self.writer.execute(plan)
             self.metrics.observe(plan, outcomes, since, time.monotonic())
             verdict = status.verdict(plan, outcomes)
