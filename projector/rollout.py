@@ -5,8 +5,8 @@ A Deployment, StatefulSet or DaemonSet asks with the annotation
 content hash (the copy's `content-hash` annotation, which projector writes with the data) of a
 named copy that projector owns differs from the one its pods were started with, projector
 server-side applies, as field manager `projector-rollout`, the pod-template annotation
-`projector.nebari.dev/rollout-<copy>: <hash prefix>`, and the workload's own rolling update
-restarts the pods.
+`projector.nebari.dev/rollout-<copy>: <stamp>` (16 hex digits of the content hash keyed by
+the copy's uid, `stamp_of`), and the workload's own rolling update restarts the pods.
 
 The decision (`decide`) is a pure function of the cached workload and the copies' hashes; it
 compares hashes, never events, so a restart, a leader change, a resync or a relist rolls
@@ -138,9 +138,16 @@ def seen_key(copy: str) -> str:
     return SEEN + _part(copy, _NAME_MAX - len("seen-"))
 
 
-def hash_prefix(content_hash: str) -> str:
-    """The hex digits of a `sha256:<hex>` content hash that go on the template."""
-    return content_hash.removeprefix("sha256:")[:HASH_PREFIX]
+def stamp_of(content_hash: str, copy_uid: str) -> str:
+    """What goes on the template for a copy's content: its hash, keyed by the copy's uid.
+
+    Workloads are readable by many more people than Secrets (the `view` role reads them, not
+    Secrets), and a bare content hash would let them test guesses of a weak value offline
+    (the rest of what it covers is readable from the grant). The copy's uid is known only to
+    readers of the copy, who see its value anyway. It changes only if the copy is recreated.
+    """
+    keyed = f"{content_hash}/{copy_uid}".encode()
+    return hashlib.sha256(keyed).hexdigest()[:HASH_PREFIX]
 
 
 def decide(w: Workload, hashes: Mapping[str, str]) -> Decision:
@@ -424,9 +431,9 @@ class Rollouts:
 
 
 def _hash(c: Copy) -> str | None:
-    """A copy's hash prefix if projector owns it (its field manager wrote the owner mark)."""
+    """A copy's stamp if projector owns it (its field manager wrote the owner mark)."""
     h = c.annotations.get(HASH_ANNOTATION)
-    return hash_prefix(h) if h and c.grant_uid is not None and not c.deleting else None
+    return stamp_of(h, c.uid) if h and c.grant_uid is not None and not c.deleting else None
 
 
 def _name(ref: Ref) -> str:
