@@ -199,5 +199,5 @@ def test_a_burst_of_100_updates_in_10_s_rolls_an_env_var_consumer_a_few_times(
     eventually(reader.rolled_out, 60)
     rollouts = reader.revision() - 1
     print(f"\nburst: 100 updates in 10 s -> {rollouts} rollouts of the env-var consumer")
-    assert 1 <= rollouts <= 4  # measured 2 and 3
+    assert 1 <= rollouts <= 4  # measured 2, 3, 1
     k8s.canaries.assert_absent("the chart's pod logs", rollout_release.logs())
