@@ -51,13 +51,13 @@ log = structlog.get_logger("projector.rollout")
 ROLLOUT_ON = f"{PREFIX}rollout-on"
 """On a workload: the copies (names in its namespace) whose content changes roll it."""
 STAMP = f"{PREFIX}rollout-"
-"""Prefix of the pod-template annotation that carries a copy's hash prefix."""
+"""Prefix of the pod-template annotation that carries a copy's stamp (`stamp_of`)."""
 SEEN = f"{PREFIX}seen-"
-"""Prefix of the workload annotation that records a copy's hash when first seen (no roll)."""
+"""Prefix of the workload annotation that records a copy's stamp when first seen (no roll)."""
 FIELD_MANAGER = "projector-rollout"
 """Owns exactly the annotations above: GitOps tools ignore this manager's fields."""
 HASH_PREFIX = 16
-"""Hex digits of the content hash put on the template: enough to tell versions apart."""
+"""Hex digits of a stamp: enough to tell a copy's versions apart."""
 _NAME_MAX = 63
 """Longest name part of an annotation key."""
 
@@ -151,9 +151,9 @@ def stamp_of(content_hash: str, copy_uid: str) -> str:
 
 
 def decide(w: Workload, hashes: Mapping[str, str]) -> Decision:
-    """What `w` should carry, given the hash prefixes of the copies projector owns.
+    """What `w` should carry, given the stamps of the copies projector owns.
 
-    `hashes` maps a copy name (in `w`'s namespace) to its hash prefix; a copy missing from it
+    `hashes` maps a copy name (in `w`'s namespace) to its stamp; a copy missing from it
     (absent, or not projector's) is left alone. A copy whose hash equals what the pods were
     started with (stamp, else baseline) needs nothing; one never seen gets a baseline (no
     roll); one that differs is stamped (a rollout), unless the last rollout still progresses.
@@ -364,6 +364,9 @@ class Rollouts:
             except ApiError as e:
                 log.warning("rollout apply failed; retried", status=e.status, reason=e.reason)
                 ok = False
+            except Exception:  # a bug here must not stop the grants' workers beside it
+                log.exception("rollout crashed; retried", workload=_name(ref))
+                ok = False
             if ok:
                 self.queue.forget(ref)
             else:
@@ -371,7 +374,7 @@ class Rollouts:
             self.queue.done(ref)
 
     def hashes(self, w: Workload) -> dict[str, str]:
-        """The hash prefixes of the copies `w` names that projector owns."""
+        """The stamps of the copies `w` names that projector owns, by copy name."""
         out = {}
         for name in w.copies:
             c = self.store.copies.get(ObjectKey(w.ref.namespace, name))
