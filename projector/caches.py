@@ -23,11 +23,9 @@ from projector.model import (
     EXPORT_VALUE,
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
-    Copy,
     GrantRecord,
     Namespace,
     ObjectKey,
-    Source,
     parse_copy,
     parse_grant_record,
     parse_namespace,
@@ -150,24 +148,17 @@ at most ~28 MiB on the wire and as much again parsed, within the 200 MiB the Dep
 given, whatever the sizes; a page of 500 (the default) was 190 MiB for 150 copies of 1 MiB."""
 
 GRANT_SPEC: Spec[str, GrantRecord] = Spec(Kind.GRANT, GRANTS, parse_grant_record, _name_key)
-SOURCE_SPEC: Spec[ObjectKey, Source] = Spec(
-    Kind.SOURCE,
-    SECRETS,
-    parse_source,
-    _namespaced_key,
-    f"{EXPORT_LABEL}={EXPORT_VALUE}",
-    SECRET_PAGE,
-)
+
+
+def _secrets(kind: Kind, parse: Callable[[Obj], T], selector: str) -> Spec[ObjectKey, T]:
+    """Secrets of one label, by namespace and name, listed `SECRET_PAGE` at a time."""
+    return Spec(kind, SECRETS, parse, _namespaced_key, selector, SECRET_PAGE)
+
+
+SOURCE_SPEC = _secrets(Kind.SOURCE, parse_source, f"{EXPORT_LABEL}={EXPORT_VALUE}")
 """Only contract Secrets: the other Secrets of the cluster are never transferred or cached."""
 NAMESPACE_SPEC: Spec[str, Namespace] = Spec(Kind.NAMESPACE, NAMESPACES, parse_namespace, _name_key)
-COPY_SPEC: Spec[ObjectKey, Copy] = Spec(
-    Kind.COPY,
-    SECRETS,
-    parse_copy,
-    _namespaced_key,
-    f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}",
-    SECRET_PAGE,
-)
+COPY_SPEC = _secrets(Kind.COPY, parse_copy, f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}")
 """Copies are read whole (their data is hashed) but cached as metadata and that hash."""
 
 
