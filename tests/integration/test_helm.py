@@ -25,8 +25,8 @@ from kubernetes import client, dynamic
 
 from observability import rules
 from tests.controlplane.plane import CONTROLLER_MANAGER, ControlPlane
-from tests.integration import test_big_secrets as big_secrets
 from tests.helm import chart
+from tests.integration import test_big_secrets as big_secrets
 from tests.launcher import REPO, ControllerProcess, launch
 from tests.support import (
     Canaries,
