@@ -10,15 +10,20 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
+# make compat builds other Kubernetes minors beside the pinned one: PROJECTOR_KUBE_VERSION picks the
+# k8s.io/kubernetes module version (cache, lock and binaries are keyed by it).
+KUBE_VERSION="${PROJECTOR_KUBE_VERSION:-$KUBE_VERSION}"
 cache="${PROJECTOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/projector}"
 bin="$cache/bin/kube-$KUBE_VERSION-etcd-$ETCD_VERSION"
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 mkdir -p "$bin"
-# Two builds at once (make binaries and a pytest session) would write the same .tmp files.
-exec 9>"$cache/kube-build.lock"
+# Two builds at once (make binaries and a pytest session) would write the same .tmp files; builds
+# of different versions write different files, so one need not wait for the other.
+exec 9>"$cache/kube-build-$KUBE_VERSION.lock"
 flock 9
 # The commands of the wrapper module (tools.go is generated from this list).
-KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+# PROJECTOR_KUBE_CMDS narrows it (make compat needs no kubelet: it starts no node).
+read -r -a KUBE_CMDS <<< "${PROJECTOR_KUBE_CMDS:-kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl}"
 
 log() { printf '[controlplane] %s\n' "$*" >&2; }
 fail() { log "FAILED: $*"; exit 1; }
