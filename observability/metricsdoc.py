@@ -1,15 +1,14 @@
 """``docs/metrics.md``: every metric of the registry, its type, labels and meaning.
 
-Read from a freshly built `Metrics` (with every informer bound), so the page cannot list a
-metric the controller does not expose, nor miss one.
+Rendered from `metrics.METRICS`, the table the controller builds its registry from, so the page
+cannot list a metric the controller does not expose, nor miss one; the label values are read
+from a freshly built `Metrics` (with every informer bound), as they are created at 0.
 """
 
 from __future__ import annotations
 
-from prometheus_client.metrics import MetricWrapperBase
-
+from projector.metrics import METRICS, Metrics
 from projector.store import Kind
-from projector.telemetry import Metrics
 
 _HEADER = """# Metrics reference
 
@@ -41,28 +40,21 @@ _OPEN = {
 
 
 def render() -> str:
-    """The page's Markdown."""
-    metrics = Metrics()
-    metrics.bind_informers([k.value for k in Kind], 180.0)
-    declared = {  # label names as declared, also of metrics whose values are not known up front
-        m._name: tuple(m._labelnames)
-        for m in vars(metrics).values()
-        if isinstance(m, MetricWrapperBase)
-    }
+    """The page's Markdown: one row per entry of `metrics.METRICS`, in the registry's order."""
+    built = Metrics()
+    built.bind_informers([k.value for k in Kind], 180.0)
+    families = {f.name: f for f in built.registry.collect()}
     rows: list[str] = []
-    for family in sorted(metrics.registry.collect(), key=lambda f: f.name):
-        if not family.name.startswith("projector_"):
-            continue
-        values: dict[str, set[str]] = {name: set() for name in declared.get(family.name, ())}
-        for sample in family.samples:
+    for metric in sorted(METRICS, key=lambda m: m.family):
+        values: dict[str, set[str]] = {label: set() for label in metric.labels}
+        for sample in families[metric.family].samples:  # label values as created at 0
             for label, value in sample.labels.items():
                 if label != "le":
-                    values.setdefault(label, set()).add(value)
+                    values[label].add(value)
         labels = "; ".join(
             f"`{label}` ({', '.join(sorted(vs)[:_MAX_VALUES]) or _OPEN.get(label, '?')})"
             for label, vs in sorted(values.items())
         )
-        name = family.name + ("_total" if family.type == "counter" else "")
-        doc = family.documentation.replace("|", "\\|")
-        rows.append(f"| `{name}` | {family.type} | {labels or '-'} | {doc} |")
+        doc = metric.help.replace("|", "\\|")
+        rows.append(f"| `{metric.name}` | {metric.type} | {labels or '-'} | {doc} |")
     return _HEADER + "\n".join(rows) + "\n" + _PROCESS

@@ -28,20 +28,17 @@ from aiohttp import web
 from projector import config as config_mod
 from projector.config import Config
 from projector.controller import Controller
+from projector.endpoints import http_app
 from projector.errors import ProjectorError
 from projector.informer import Informer
 from projector.kube import Kube
 from projector.leader import Elector
+from projector.logs import configure_logging
+from projector.metrics import Metrics
 from projector.queue import WorkQueue
 from projector.recorder import Recorder
 from projector.store import Store
-from projector.telemetry import (
-    Metrics,
-    configure_logging,
-    configure_tracing,
-    http_app,
-    spans_exported,
-)
+from projector.tracing import configure_tracing, spans_exported
 from projector.writer import Writer
 
 log = structlog.get_logger("projector")

@@ -29,15 +29,17 @@ from typing import Any
 import structlog
 from opentelemetry import trace
 
-from projector import reconcile, status
+from projector import probe, reconcile, status
 from projector.config import Config
 from projector.errors import Fenced
-from projector.model import GrantRecord
+from projector.metrics import Metrics
+from projector.model import Copy, GrantRecord
 from projector.queue import QueueShutDown, WorkQueue
+from projector.reconcile import Desired
 from projector.recorder import Recorder, timestamp
 from projector.status import Result
 from projector.store import Kind, Store
-from projector.telemetry import Metrics, trace_id
+from projector.tracing import trace_id
 from projector.writer import Writer
 
 log = structlog.get_logger("projector")
@@ -78,9 +80,20 @@ class Controller:
         self._stopping = False
         self._stopped = asyncio.Event()
         self._ids = itertools.count(1)
-        self._server_wait: dict[str, float] = {}
-        """Per grant, the Retry-After its last reconcile's throttled writes were given."""
-        store.listen(self._enqueue)
+        self._wanted: dict[str, Desired] = {}
+        """Per grant, the copy its last plan wanted: events of copies holding it are echoes."""
+        store.listen(self._enqueue, echo=self._is_echo)
+
+    def _is_echo(self, name: str, copy: Copy) -> bool:
+        """The copy holds what grant `name` last planned: the echo of its own write."""
+        desired = self._wanted.get(name)
+        return desired is not None and desired.in_sync(copy)
+
+    def _want(self, name: str, desired: Desired | None) -> None:
+        if desired is None:
+            self._wanted.pop(name, None)
+        else:
+            self._wanted[name] = desired
 
     def _enqueue(self, kind: Kind, names: Iterable[str]) -> None:
         """Queue the grants a change affects.
@@ -152,32 +165,41 @@ class Controller:
                 self.queue.done(name)
                 return
             try:
-                result = await self.reconcile(name)
+                verdict = await self._reconcile(name)
             except Fenced:  # the lease ran out: app stops these workers; the replica campaigns
                 log.warning("write refused: this replica no longer holds the lease", grant=name)
-                result = Result.ERROR
+                verdict = status.Verdict(Result.ERROR)
             except Exception:
                 log.exception("reconcile crashed", grant=name)
-                result = Result.ERROR
-            server_wait = self._server_wait.pop(name, 0.0)
-            if result is Result.ERROR:
-                self.queue.add_rate_limited(name, floor=server_wait)
-            elif result is Result.RECHECK:
-                self.queue.forget(name)
-                self.queue.add_after(name, self.config.conflict_recheck)
-            elif result is Result.UNHEALTHY:
-                self.queue.add_rate_limited(name, cap=UNHEALTHY_RETRY_MAX)
-            else:
-                self.queue.forget(name)
-            self.metrics.reconciled(result, name)
-            log.debug("reconcile ended", grant=name, result=result.value)
+                verdict = status.Verdict(Result.ERROR)
+            self._requeue(name, verdict)
+            self.metrics.reconciled(verdict.result, name)
+            log.debug("reconcile ended", grant=name, result=verdict.result.value)
             self.queue.done(name)
             await asyncio.sleep(0)  # a reconcile without I/O must not starve the informers
 
+    def _requeue(self, name: str, verdict: status.Verdict) -> None:
+        """Hand the verdict to the queue, which owns retry timing; export what it decided."""
+        result = verdict.result
+        if result is Result.ERROR:
+            delay = self.queue.add_rate_limited(name, floor=verdict.retry_after)
+            self.metrics.retrying(name, self.queue.num_requeues(name), delay)
+            return
+        if result is Result.UNHEALTHY:
+            self.queue.add_rate_limited(name, cap=UNHEALTHY_RETRY_MAX)
+            return
+        self.queue.forget(name)
+        self.metrics.recovered(name)
+        if result is Result.RECHECK:
+            self.queue.add_after(name, self.config.conflict_recheck)
+
     async def reconcile(self, name: str) -> Result:
         """Reconcile one grant name, and say what the queue should do with it next."""
+        return (await self._reconcile(name)).result
+
+    async def _reconcile(self, name: str) -> status.Verdict:
         if not self.store.healthy():
-            return Result.UNHEALTHY
+            return status.Verdict(Result.UNHEALTHY)
         started = time.monotonic()
         since = self.metrics.started(name, started)
         rid = f"{next(self._ids)}"
@@ -189,37 +211,30 @@ class Controller:
                 grant=name, reconcile_id=rid, trace_id=trace_id()
             ),
         ):
-            snap = await self.store.snapshot(name)
+            snap = await probe.snapshot(self.store, name)
             rec = snap.record
             if rec is not None and rec.grant is None:
                 invalid = status.invalid(rec)
                 if not await self._report(rec, invalid, status.events((), rec.status, invalid)):
-                    return Result.ERROR
-                return Result.OK
+                    return status.Verdict(Result.ERROR)
+                return status.Verdict(Result.OK)
             plan = reconcile.plan(snap)
-            self.store.want(name, plan.desired)
+            self._want(name, plan.desired)
             outcomes = await self.writer.execute(plan)
             self.metrics.observe(plan, outcomes, since, time.monotonic())
             verdict = status.verdict(plan, outcomes)
-            wait = 0.0  # a throttled write's Retry-After: the next try waits as asked
-            if verdict is Result.ERROR:
-                wait = self._server_wait[name] = max((o.retry_after for o in outcomes), default=0.0)
             if rec is not None:
-                retry = None
-                if verdict is Result.ERROR:  # the backoff the queue will apply, shown in status
-                    attempt = self.queue.num_requeues(name)
-                    retry = (attempt + 1, max(self.queue.backoff(attempt), wait))
-                new = status.compute(plan, outcomes, retry=retry)
+                new = status.compute(plan, outcomes)
                 if not await self._report(rec, new, status.events(outcomes, rec.status, new)):
-                    verdict = Result.ERROR  # its status is stale: retried with backoff
+                    verdict = status.Verdict(Result.ERROR, verdict.retry_after)  # stale status
             else:
                 self.metrics.grant_ready(name, None)  # the grant is gone: it no longer counts
             self.metrics.reconcile_took(time.monotonic() - started)
             written = Counter(o.step.action.value for o in outcomes if o.written)
             if written:
                 log.info("reconciled", writes=dict(written), source=plan.source_state.value)
-            span.set_attribute("result", verdict.metric)
-            if verdict is Result.ERROR:
+            span.set_attribute("result", verdict.result.metric)
+            if verdict.result is Result.ERROR:
                 span.set_status(trace.StatusCode.ERROR, "a write failed; retried with backoff")
             return verdict
 

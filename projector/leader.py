@@ -53,7 +53,7 @@ from tenacity import (
 from projector.api import LEASES, Api, Obj
 from projector.config import Timings
 from projector.errors import ApiError, Fenced, NotFound, ProjectorError
-from projector.telemetry import Metrics
+from projector.metrics import Metrics
 
 LEASE_NAME = "projector-leader"
 JITTER = 0.2

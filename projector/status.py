@@ -58,16 +58,28 @@ class Result(StrEnum):
         return Result.OK.value if self is Result.RECHECK else self.value
 
 
-def verdict(plan: Plan, outcomes: Iterable[Outcome]) -> Result:
+@dataclass(frozen=True)
+class Verdict:
+    """What the work queue should do with a grant after its reconcile.
+
+    `retry_after` is the longest wait the server asked of a throttled write (Retry-After): the
+    queue's backoff for an ERROR never cuts it short.
+    """
+
+    result: Result
+    retry_after: float = 0.0
+
+
+def verdict(plan: Plan, outcomes: Sequence[Outcome]) -> Verdict:
     """Retry failed writes and unreadable sources; look again later at conflicts."""
     reasons = {o.reason for o in outcomes}
     if Reason.WRITE_FAILED in reasons or (
         plan.grant is not None and plan.source_state is SourceState.UNKNOWN
     ):
-        return Result.ERROR
+        return Verdict(Result.ERROR, max((o.retry_after for o in outcomes), default=0.0))
     if Reason.CONFLICT in reasons:
-        return Result.RECHECK
-    return Result.OK
+        return Verdict(Result.RECHECK)
+    return Verdict(Result.OK)
 
 
 def _targets(matched: int = 0, projected: int = 0, conflicted: int = 0, denied: int = 0) -> Any:
@@ -91,13 +103,13 @@ def is_ready(status: Mapping[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in status["conditions"])
 
 
-def compute(
-    plan: Plan, outcomes: Sequence[Outcome], *, retry: tuple[int, float] | None = None
-) -> dict[str, Any]:
+def compute(plan: Plan, outcomes: Sequence[Outcome]) -> dict[str, Any]:
     """Summarise outcomes into status: conditions, counts and a bounded failures list.
 
-    `retry` (attempt, seconds) is the backoff the work queue applies next, told in Ready's
-    message so an operator sees a failing grant slowing down rather than hot-looping.
+    A failing grant's status says that it is retried with backoff, and Ready's
+    lastTransitionTime when it started failing; the attempt count and the next wait change on
+    every retry, so they are metrics (projector_grant_retries, projector_grant_retry_delay_seconds)
+    rather than a status write per retry.
     """
     grant = plan.grant
     generation = grant.generation if grant else 0
@@ -143,8 +155,8 @@ def compute(
         ready, reason, message = True, Reason.PROJECTED.value, f"projected to {projected}"
         if missing:
             message = f"{message}; {missing} target namespace(s) do not exist"
-    if retry is not None:
-        message = f"{message}; retry {retry[0]} in {retry[1]:.3g} s"
+    if verdict(plan, outcomes).result is Result.ERROR:
+        message = f"{message}; {RETRIED}"
     conditions = [
         _condition("Ready", ready, reason, message, generation),
         _condition("SourceAvailable", source_ok, source_reason, source_msg, generation),
@@ -215,6 +227,9 @@ STATE_REASONS = frozenset(
 """Ready=False reasons about the grant as a whole, told by one Event when Ready turns to them
 (per-namespace failures, NamespaceMissing included, have their own Events)."""
 
+
+RETRIED = "retried with backoff"
+"""Ready's message of a failing grant ends so; how many tries and the next wait are metrics."""
 
 IGNORED_EXPORT_TO = "export-to entries that match no namespace: "
 """How SourceAvailable's message names the source's unusable export-to entries."""

@@ -3,8 +3,8 @@
 Informers fill the caches (`Cache.put` / `Cache.pop`); on every change the store updates its
 indexes and tells its listener which grant names the change affects. That is level-based, like
 controller-runtime: a change only says *which* grants to look at again, and `snapshot(name)`
-then reads everything one reconcile needs into an immutable `reconcile.Snapshot`. No other
-module keeps an index.
+then reads everything one reconcile needs into an immutable `reconcile.Snapshot`, from memory
+only (a source the cache lacks is read by `probe`, at the edge). No other module keeps an index.
 
 A store works the same without informers: `load()` fills it from one-shot lists, and its
 snapshots are those the running controller would take (what `projector explain` plans from).
@@ -29,7 +29,7 @@ from typing import Any, Generic, TypeVar
 import structlog
 
 from projector.api import GRANTS, NAMESPACES, SECRETS, Api, Obj, Resource
-from projector.errors import ApiError, InvalidGrant, NotFound, ProjectorError
+from projector.errors import InvalidGrant, ProjectorError
 from projector.model import (
     EXPORT_LABEL,
     EXPORT_VALUE,
@@ -42,13 +42,12 @@ from projector.model import (
     Namespace,
     ObjectKey,
     Source,
-    is_exported,
     parse_copy,
     parse_grant_record,
     parse_namespace,
     parse_source,
 )
-from projector.reconcile import Desired, Snapshot, SourceState
+from projector.reconcile import Snapshot, SourceState
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
@@ -67,6 +66,9 @@ class Kind(StrEnum):
 
 Listener = Callable[[Kind, set[str]], None]
 """Told, after each change, which grant names it affects (possibly none)."""
+
+Echo = Callable[[str, Copy], bool]
+"""Tells whether a copy event is a grant's own write coming back (`Store.listen`)."""
 
 
 def _namespaced_key(obj: Obj) -> ObjectKey:
@@ -239,7 +241,9 @@ class Store:
     """The caches of grants, contract Secrets, namespaces and copies, and their indexes."""
 
     def __init__(self, api: Api) -> None:
-        self._api = api
+        self.api = api
+        """What `load` lists from (and `probe.snapshot` reads an uncached source from)."""
+        self._echo: Echo = _never
         self._listener: Listener | None = None
         self.grants = Cache(GRANT_SPEC, self._grant_changed)
         self.sources = Cache(SOURCE_SPEC, self._source_changed)
@@ -261,22 +265,16 @@ class Store:
         self._copies_by_name: defaultdict[str, set[ObjectKey]] = defaultdict(set)
         self._copies_by_label: defaultdict[str, set[ObjectKey]] = defaultdict(set)
         self._copies_by_uid: defaultdict[str, set[ObjectKey]] = defaultdict(set)
-        self._wanted: dict[str, Desired] = {}
 
-    def want(self, name: str, desired: Desired | None) -> None:
-        """Record the copy grant `name` last planned.
+    def listen(self, listener: Listener, echo: Echo | None = None) -> None:
+        """Tell `listener` which grant names each later change affects.
 
-        Events of copies that already hold it (the echoes of its own writes) are no news, so
-        they do not wake the grant again and cannot defeat the debounce of a burst.
+        `echo(name, copy)` says a copy event is the echo of grant `name`'s own write (the copy
+        holds what it last planned): no news, so it does not wake the grant again and cannot
+        defeat the debounce of a burst.
         """
-        if desired is None:
-            self._wanted.pop(name, None)
-        else:
-            self._wanted[name] = desired
-
-    def listen(self, listener: Listener) -> None:
-        """Tell `listener` which grant names each later change affects."""
         self._listener = listener
+        self._echo = echo or _never
 
     def grant_names(self) -> list[str]:
         """Every cached grant name, valid or not."""
@@ -294,7 +292,7 @@ class Store:
         """Fill every cache from one list of each kind (no watch): a store for one question."""
         for cache in self.caches:
             spec = cache.spec
-            pages = self._api.pages(
+            pages = self.api.pages(
                 spec.resource, label_selector=spec.label_selector, limit=spec.page
             )
             async with contextlib.aclosing(pages):
@@ -306,45 +304,19 @@ class Store:
 
     # --- snapshots ------------------------------------------------------------------------------
 
-    async def snapshot(self, name: str) -> Snapshot:
-        """Everything one reconcile of grant `name` reads, as immutable values.
+    def snapshot(self, name: str, uncached: SourceState = SourceState.UNKNOWN) -> Snapshot:
+        """Everything one reconcile of grant `name` reads, as immutable values, from memory.
 
-        The grant is read once; a source missing from the cache is probed with one
-        metadata-only read, to tell "deleted" (404) from "not exported" from "unknown".
+        `uncached` is the state of a source the cache lacks, as a read of it told
+        (`probe.snapshot` makes that read); a cached source is AVAILABLE.
         """
         record = self.grants.get(name)
         grant = record.grant if record is not None else None
-        source, state = await self._source(grant)
-        return self._snapshot(name, record, grant, source, state)
-
-    async def _source(self, grant: Grant | None) -> tuple[Source | None, SourceState]:
+        source = self.sources.get(grant.source) if grant is not None else None
         if grant is None:
-            return None, SourceState.UNKNOWN
-        cached = self.sources.get(grant.source)
-        if cached is not None:
-            return cached, SourceState.AVAILABLE
-        key = grant.source
-        try:
-            obj = await self._api.get(
-                SECRETS, key.name, namespace=key.namespace, metadata_only=True
-            )
-        except NotFound:
-            return None, SourceState.MISSING
-        except ApiError as e:
-            log.warning("source read failed", source=str(key), status=e.status)
-            return None, SourceState.UNKNOWN
-        if is_exported((obj.get("metadata") or {}).get("labels") or {}):
-            return None, SourceState.UNKNOWN  # exported but not cached yet: the watch is behind
-        return None, SourceState.NOT_EXPORTED
-
-    def _snapshot(
-        self,
-        name: str,
-        record: GrantRecord | None,
-        grant: Grant | None,
-        source: Source | None,
-        state: SourceState,
-    ) -> Snapshot:
+            state = SourceState.UNKNOWN
+        else:
+            state = SourceState.AVAILABLE if source is not None else uncached
         keys = set(self._copies_by_label.get(name, ()))
         namespaces: dict[str, Namespace] = {}
         rivals: tuple[Grant, ...] = ()
@@ -473,8 +445,12 @@ class Store:
         if old is not None and new is None:  # a freed place: a waiting rival may take it now
             names |= self._by_target.get(old.key.name, set())
         elif new is not None:  # a copy that holds what its grant wants is no news to it
-            names = {n for n in names if not ((d := self._wanted.get(n)) and d.in_sync(new))}
+            names = {n for n in names if not self._echo(n, new)}
         self._notify(Kind.COPY, names)
+
+
+def _never(_name: str, _copy: Copy) -> bool:
+    return False
 
 
 def _update(index: defaultdict[str, set[ObjectKey]], k: str, key: ObjectKey, add: bool) -> None:

@@ -42,6 +42,7 @@ from tenacity import (
 
 from projector.api import EVENTS, GRANTS, SECRETS, Api, Obj
 from projector.errors import ApiError, Conflict, Forbidden, NotFound, TooManyRequests
+from projector.metrics import Metrics
 from projector.model import Copy, parse_copy
 from projector.reconcile import (
     CONFLICT_MESSAGE,
@@ -54,7 +55,6 @@ from projector.reconcile import (
     WriteResult,
     may_write,
 )
-from projector.telemetry import Metrics
 
 R = TypeVar("R")
 

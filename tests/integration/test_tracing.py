@@ -10,7 +10,7 @@ reconcile's log lines. With PROJECTOR_UPDATE_DOCS=1 these artefacts are written 
 section of docs/observability.md.
 
 A second test exports into a black hole (a port that reads and never answers) and stops the
-controller: the exit is bounded by `telemetry.SPAN_SHUTDOWN_SECONDS`, not by the export timeout.
+controller: the exit is bounded by `tracing.SPAN_SHUTDOWN_SECONDS`, not by the export timeout.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from observability import traces
 from projector import __version__
-from projector.telemetry import SPAN_SHUTDOWN_SECONDS
+from projector.tracing import SPAN_SHUTDOWN_SECONDS
 from tests.launcher import REPO, ControllerProcess
 from tests.otel.harness import STATUS_ERROR, BlackHole, Collector, Span, binary
 from tests.support import Cluster, NamespaceFactory, eventually, unique_name

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from projector.telemetry import Metrics
+from projector.metrics import METRICS, Metrics
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
@@ -19,6 +19,21 @@ def test_every_metric_is_in_the_metrics_reference() -> None:
         if family.name.startswith("projector_"):  # the process_* ones are the client library's
             served.add(family.name + ("_total" if family.type == "counter" else ""))
     assert served and documented == served
+
+
+def test_the_metrics_reference_has_each_row_of_the_table_and_the_table_is_the_registry() -> None:
+    """docs/metrics.md says of each metric what `metrics.METRICS` declares (name, type, label
+    names, meaning), and the registry serves exactly the table's metrics, no more."""
+    page = (DOCS / "metrics.md").read_text()
+    rows = dict(re.findall(r"^\| `(projector_[a-z_]+)` \| (.*) \|$", page, re.M))
+    assert set(rows) == {m.name for m in METRICS}
+    for metric in METRICS:
+        type_, labels, meaning = rows[metric.name].split(" | ", 2)
+        assert type_ == metric.type, metric.name
+        assert re.findall(r"`([a-z_]+)`", labels) == sorted(metric.labels), metric.name
+        assert meaning == metric.help.replace("|", "\\|"), metric.name
+    families = {f.name for f in Metrics().registry.collect() if f.name.startswith("projector_")}
+    assert families == {m.family for m in METRICS}
 
 
 def test_the_chart_ships_the_generated_rules_and_dashboard_and_one_runbook() -> None:

@@ -12,7 +12,7 @@ from projector.api import LEASES
 from projector.config import Timings
 from projector.errors import Fenced, ServerError
 from projector.leader import LEASE_NAME, Elector
-from projector.telemetry import Metrics
+from projector.metrics import Metrics
 from tests.unit.fakeapi import FakeApi
 
 NS = "projector-system"

@@ -27,8 +27,11 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from projector.api import GRANTS, NAMESPACES, SECRETS
 from projector.controller import Controller
+from projector.endpoints import http_app
+from projector.logs import configure_logging, log_processors
+from projector.metrics import Metrics
 from projector.status import Result
-from projector.telemetry import Metrics, configure_logging, http_app, log_processors, trace_id
+from projector.tracing import trace_id
 from tests.support import eventually
 from tests.unit.fakeapi import FakeApi
 from tests.unit.test_controller import controller
@@ -243,7 +246,7 @@ def test_spans_are_exported_over_otlp_only_when_an_endpoint_is_set(
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     from projector import __version__
-    from projector.telemetry import BoundedSpanProcessor, configure_tracing
+    from projector.tracing import BoundedSpanProcessor, configure_tracing
 
     def exporters(tracer: Any) -> list[Any]:
         processors = tracer.span_processor._span_processors
@@ -312,7 +315,7 @@ def _end_spans(processor: Any, n: int) -> None:
 
 
 def test_with_the_receiver_stuck_spans_beyond_the_queue_are_dropped_and_counted() -> None:
-    from projector.telemetry import BoundedSpanProcessor
+    from projector.tracing import BoundedSpanProcessor
 
     metrics = Metrics()
     receiver = _StuckReceiver()
@@ -334,7 +337,7 @@ def test_with_the_receiver_stuck_spans_beyond_the_queue_are_dropped_and_counted(
 
 
 def test_shutdown_is_bounded_while_the_receiver_never_answers() -> None:
-    from projector.telemetry import BoundedSpanProcessor
+    from projector.tracing import BoundedSpanProcessor
 
     receiver = _StuckReceiver()
     receiver.shutdown = lambda: None  # type: ignore[method-assign]  # not even shutdown frees it
@@ -352,7 +355,7 @@ def test_shutdown_is_bounded_while_the_receiver_never_answers() -> None:
 
 
 def test_a_failed_export_pauses_exporting_so_a_dead_receiver_costs_nothing_per_batch() -> None:
-    from projector.telemetry import EXPORT_PAUSE, _CountingExporter
+    from projector.tracing import EXPORT_PAUSE, _CountingExporter
 
     class Receiver(SpanExporter):
         def __init__(self) -> None:
@@ -383,7 +386,7 @@ def test_a_failed_export_pauses_exporting_so_a_dead_receiver_costs_nothing_per_b
 
 
 def test_no_trace_is_started_while_exporting_is_paused_and_each_is_counted() -> None:
-    from projector.telemetry import WhileExporting
+    from projector.tracing import WhileExporting
 
     paused = [False]
     metrics = Metrics()

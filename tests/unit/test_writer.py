@@ -22,9 +22,9 @@ from projector.errors import (
     ServerError,
     TooManyRequests,
 )
+from projector.metrics import Metrics
 from projector.model import Copy
 from projector.reconcile import Action, Plan, Reason, plan
-from projector.telemetry import Metrics
 from projector.writer import MAX_RETRY_AFTER, Writer, retry_delay
 from tests.unit.factories import (
     SRC_NAME,
