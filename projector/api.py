@@ -7,7 +7,7 @@ integration tests use the real API server. Nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -34,6 +34,9 @@ NAMESPACES = Resource("v1", "namespaces", False, "Namespace")
 EVENTS = Resource("v1", "events", True, "Event")
 LEASES = Resource("coordination.k8s.io/v1", "leases", True, "Lease")
 GRANTS = Resource("projector.nebari.dev/v1alpha1", "projectiongrants", False, "ProjectionGrant")
+DEPLOYMENTS = Resource("apps/v1", "deployments", True, "Deployment")
+STATEFULSETS = Resource("apps/v1", "statefulsets", True, "StatefulSet")
+DAEMONSETS = Resource("apps/v1", "daemonsets", True, "DaemonSet")
 
 
 class Api(Protocol):
@@ -116,3 +119,17 @@ class Api(Protocol):
     async def patch_status(self, res: Resource, name: str, status: Obj) -> Obj:
         """Merge-patch a cluster-scoped object's status subresource."""
         ...
+
+    async def apply(self, res: Resource, body: Obj, *, namespace: str, field_manager: str) -> Obj:
+        """Server-side apply `body` (its metadata names the object) as `field_manager`, forced."""
+        ...
+
+
+async def collect(pages: AsyncIterator[tuple[list[Obj], str]]) -> tuple[list[Obj], str]:
+    """Every object of a paged list at once, and the list's resourceVersion (for tools)."""
+    items: list[Obj] = []
+    version = ""
+    async for page, rv in pages:
+        items.extend(page)
+        version = rv
+    return items, version

@@ -50,6 +50,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 async def _explain(args: argparse.Namespace) -> str:
     from projector.kube import Kube
+    from projector.probe import snapshot
     from projector.store import Store
 
     kube = await Kube.connect(args.kubeconfig)
@@ -58,7 +59,7 @@ async def _explain(args: argparse.Namespace) -> str:
         await store.load()
         uids: dict[str, str] = {rec.uid: name for name, rec in store.grants.items()}
         if args.secret is None:
-            snap = await store.snapshot(args.grant)
+            snap = await snapshot(store, args.grant)
             if snap.record is None:
                 raise ProjectorError(f"no ProjectionGrant named {args.grant!r}")
             ns = store.namespaces.get(args.namespace) if args.namespace else None
@@ -95,6 +96,8 @@ async def _blockers(kube: Kube, p: Plan) -> dict[str, dict[str, Any]]:
 async def _explain_secret(
     args: argparse.Namespace, kube: Kube, store: Store, uids: dict[str, str]
 ) -> str:
+    from projector.probe import snapshot
+
     ns_name, _, name = args.secret.partition("/")
     if not ns_name or not name:
         raise ProjectorError("--secret takes NAMESPACE/NAME")
@@ -116,7 +119,7 @@ async def _explain_secret(
     for gname, rec in sorted(store.grants.items()):
         if rec.grant is None or rec.grant.source != key:
             continue
-        p = plan(await store.snapshot(gname))
+        p = plan(await snapshot(store, gname))
         targeted |= {s.namespace for s in p.steps}
         reports.append(
             explaining.report(

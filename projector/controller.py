@@ -29,13 +29,15 @@ from typing import Any
 import structlog
 from opentelemetry import trace
 
-from projector import reconcile, status
+from projector import probe, reconcile, status
 from projector.config import Config
 from projector.errors import Fenced
 from projector.metrics import Metrics
-from projector.model import GrantRecord
+from projector.model import Copy, GrantRecord
 from projector.queue import QueueShutDown, WorkQueue
+from projector.reconcile import Desired
 from projector.recorder import Recorder, timestamp
+from projector.rollout import Rollouts
 from projector.status import Result
 from projector.store import Kind, Store
 from projector.tracing import trace_id
@@ -68,8 +70,11 @@ class Controller:
         writer: Writer,
         recorder: Recorder,
         tracer: trace.Tracer | None = None,
+        rollouts: Rollouts | None = None,
     ) -> None:
         self.store = store
+        self.rollouts = rollouts
+        """Runs beside the workers, on the same leadership term (None: --rollouts is off)."""
         self.config = config
         self.metrics = metrics
         self.queue = queue
@@ -79,7 +84,20 @@ class Controller:
         self._stopping = False
         self._stopped = asyncio.Event()
         self._ids = itertools.count(1)
-        store.listen(self._enqueue)
+        self._wanted: dict[str, Desired] = {}
+        """Per grant, the copy its last plan wanted: events of copies holding it are echoes."""
+        store.listen(self._enqueue, echo=self._is_echo)
+
+    def _is_echo(self, name: str, copy: Copy) -> bool:
+        """The copy holds what grant `name` last planned: the echo of its own write."""
+        desired = self._wanted.get(name)
+        return desired is not None and desired.in_sync(copy)
+
+    def _want(self, name: str, desired: Desired | None) -> None:
+        if desired is None:
+            self._wanted.pop(name, None)
+        else:
+            self._wanted[name] = desired
 
     def _enqueue(self, kind: Kind, names: Iterable[str]) -> None:
         """Queue the grants a change affects.
@@ -97,14 +115,25 @@ class Controller:
             add(name)
 
     def resync(self) -> None:
-        """Queue every cached grant once (a new leader's caches are warm, its queue is not)."""
-        self._enqueue(Kind.GRANT, self.store.grant_names())
+        """Queue every cached grant now, its backoff started over.
+
+        A new term's caches are warm and its queue is not; and after an outage the failures
+        that grew a grant's backoff were the server's, not the grant's.
+        """
+        names = self.store.grant_names()
+        for name in names:
+            self.queue.forget(name)
+        self._enqueue(Kind.GRANT, names)
+        if self.rollouts is not None:
+            self.rollouts.resync()
 
     def stop(self) -> None:
         """Take no new work; reconciles under way finish (`run` returns once they have)."""
         self._stopping = True
         self._stopped.set()
         self.queue.shut_down()
+        if self.rollouts is not None:
+            self.rollouts.stop()
 
     async def run(self) -> None:
         """Run `config.workers` workers (and the periodic resync) until `stop()` or cancellation."""
@@ -113,6 +142,8 @@ class Controller:
                 tg.create_task(self._worker(), name=f"worker-{i}")
             if self.config.resync_period > 0:
                 tg.create_task(self._resync_periodically(), name="resync")
+            if self.rollouts is not None:
+                tg.create_task(self.rollouts.run(), name="rollouts")
 
     def resync_idle(self) -> int:
         """Queue every cached grant that has nothing pending; return how many were queued.
@@ -190,7 +221,7 @@ class Controller:
                 grant=name, reconcile_id=rid, trace_id=trace_id()
             ),
         ):
-            snap = await self.store.snapshot(name)
+            snap = await probe.snapshot(self.store, name)
             rec = snap.record
             if rec is not None and rec.grant is None:
                 invalid = status.invalid(rec)
@@ -198,7 +229,7 @@ class Controller:
                     return status.Verdict(Result.ERROR)
                 return status.Verdict(Result.OK)
             plan = reconcile.plan(snap)
-            self.store.want(name, plan.desired)
+            self._want(name, plan.desired)
             outcomes = await self.writer.execute(plan)
             self.metrics.observe(plan, outcomes, since, time.monotonic())
             verdict = status.verdict(plan, outcomes)

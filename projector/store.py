@@ -3,8 +3,8 @@
 Informers fill the caches (`Cache.put` / `Cache.pop`); on every change the store updates its
 indexes and tells its listener which grant names the change affects. That is level-based, like
 controller-runtime: a change only says *which* grants to look at again, and `snapshot(name)`
-then reads everything one reconcile needs into an immutable `reconcile.Snapshot`. No other
-module keeps an index.
+then reads everything one reconcile needs into an immutable `reconcile.Snapshot`, from memory
+only (a source the cache lacks is read by `probe`, at the edge). No other module keeps an index.
 
 A store works the same without informers: `load()` fills it from one-shot lists, and its
 snapshots are those the running controller would take (what `projector explain` plans from).
@@ -16,39 +16,36 @@ one copy); copies by name, by grant label and by grant uid.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import re
 from collections import defaultdict
-from collections.abc import Callable, Hashable, ItemsView, Iterator
-from dataclasses import dataclass
-from enum import StrEnum
+from collections.abc import Callable, Hashable
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import structlog
 
-from projector.api import GRANTS, NAMESPACES, SECRETS, Api, Obj, Resource
-from projector.errors import ApiError, InvalidGrant, NotFound, ProjectorError
+from projector.api import Api
+from projector.caches import (
+    COPY_SPEC,
+    GRANT_SPEC,
+    NAMESPACE_SPEC,
+    SOURCE_SPEC,
+    Cache,
+    Kind,
+    Spec,
+)
 from projector.model import (
-    EXPORT_LABEL,
-    EXPORT_VALUE,
     GRANT_LABEL,
-    MANAGED_BY_LABEL,
-    MANAGED_BY_VALUE,
     Copy,
     Grant,
     GrantRecord,
     Namespace,
     ObjectKey,
     Source,
-    is_exported,
-    parse_copy,
-    parse_grant_record,
-    parse_namespace,
-    parse_source,
 )
-from projector.reconcile import Desired, Snapshot, SourceState
+from projector.reconcile import Snapshot, SourceState
+
+__all__ = ["Cache", "Echo", "Kind", "Listener", "Spec", "Store"]
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
@@ -56,191 +53,22 @@ T = TypeVar("T")
 log = structlog.get_logger("projector.store")
 
 
-class Kind(StrEnum):
-    """The four kinds projector caches."""
-
-    GRANT = "grants"
-    SOURCE = "sources"
-    NAMESPACE = "namespaces"
-    COPY = "copies"
-
-
 Listener = Callable[[Kind, set[str]], None]
 """Told, after each change, which grant names it affects (possibly none)."""
 
-
-def _namespaced_key(obj: Obj) -> ObjectKey:
-    meta = obj["metadata"]
-    return ObjectKey(meta["namespace"], meta["name"])
-
-
-def _name_key(obj: Obj) -> str:
-    return str(obj["metadata"]["name"])
-
-
-@dataclass(frozen=True, slots=True)
-class Spec(Generic[K, T]):
-    """How one kind is listed, watched, keyed and parsed into its cached value."""
-
-    kind: Kind
-    resource: Resource
-    parse: Callable[[Obj], T]
-    key: Callable[[Obj], K]
-    label_selector: str | None = None
-    page: int = 500
-    """Objects per list request: a list is parsed one page at a time, so this bounds memory."""
-
-    def key_of(self, obj: Obj) -> K | None:
-        """The cache key of a raw object; None (logged, with why) if its metadata lacks it."""
-        try:
-            return self.key(obj)
-        except (KeyError, TypeError, ValueError) as e:
-            self._skipped(obj, e)
-            return None
-
-    def value_of(self, obj: Obj) -> T | None:
-        """The cached value of a raw object; None (logged, with why) if it cannot be parsed."""
-        try:
-            return self.parse(obj)
-        except (KeyError, TypeError, ValueError, ProjectorError) as e:
-            self._skipped(obj, e)
-            return None
-
-    def entry(self, obj: Obj) -> tuple[K, T] | None:
-        """The cache key and value of a raw object; None (logged) if it cannot be parsed.
-
-        One malformed object never stops a list, a watch or a one-shot load.
-        """
-        if (k := self.key_of(obj)) is None or (value := self.value_of(obj)) is None:
-            return None
-        return k, value
-
-    def _skipped(self, obj: Obj, error: Exception) -> None:
-        meta = obj.get("metadata") if isinstance(obj, dict) else None
-        meta = meta if isinstance(meta, dict) else {}
-        log.warning(
-            "skipping unparseable object",
-            kind=self.kind.value,
-            object=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
-            **why(error),
-        )
-
-    def entries(self, page: list[Obj]) -> Iterator[tuple[K, T]]:
-        """The entries of a list page, emptying the page as it goes.
-
-        Each raw object (a whole 1 MiB Secret) is freed as soon as it is parsed, not when the
-        page is done.
-        """
-        for k, value in self.keyed(page):
-            if value is not None:
-                yield k, value
-
-    def keyed(self, page: list[Obj]) -> Iterator[tuple[K, T | None]]:
-        """Like `entries`, but an object with a key and an unparseable value comes as None.
-
-        It exists on the server, so what the cache knew of it is kept.
-        """
-        page.reverse()
-        while page:
-            obj = page.pop()
-            if (k := self.key_of(obj)) is not None:
-                yield k, self.value_of(obj)
-
-
-_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
-
-
-def why(error: Exception) -> dict[str, str]:
-    """What a parse failure says, for a log line: the field and the message, never a value.
-
-    A KeyError names the missing field; a refused grant says why in its own words (written
-    without values); any other message has its quoted parts (where Python puts values, as in
-    `invalid literal for int(): 'x'`) replaced, and is cut to 200 characters.
-    """
-    if isinstance(error, KeyError) and error.args:
-        return {"error": "KeyError", "field": str(error.args[0]), "message": "missing"}
-    if isinstance(error, InvalidGrant):
-        return {"error": "InvalidGrant", "message": error.why[:200]}
-    return {"error": type(error).__name__, "message": _QUOTED.sub("'…'", str(error))[:200]}
-
-
-SECRET_PAGE = 20
-"""Secrets per list page. A Secret may hold 1 MiB of data, 1.4 MiB as JSON: a page of 20 is
-at most ~28 MiB on the wire and as much again parsed, within the 200 MiB the Deployment is
-given, whatever the sizes; a page of 500 (the default) was 190 MiB for 150 copies of 1 MiB."""
-
-GRANT_SPEC: Spec[str, GrantRecord] = Spec(Kind.GRANT, GRANTS, parse_grant_record, _name_key)
-SOURCE_SPEC: Spec[ObjectKey, Source] = Spec(
-    Kind.SOURCE,
-    SECRETS,
-    parse_source,
-    _namespaced_key,
-    f"{EXPORT_LABEL}={EXPORT_VALUE}",
-    SECRET_PAGE,
-)
-"""Only contract Secrets: the other Secrets of the cluster are never transferred or cached."""
-NAMESPACE_SPEC: Spec[str, Namespace] = Spec(Kind.NAMESPACE, NAMESPACES, parse_namespace, _name_key)
-COPY_SPEC: Spec[ObjectKey, Copy] = Spec(
-    Kind.COPY,
-    SECRETS,
-    parse_copy,
-    _namespaced_key,
-    f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}",
-    SECRET_PAGE,
-)
-"""Copies are read whole (their data is hashed) but cached as metadata and that hash."""
-
-
-class Cache(Generic[K, T]):
-    """One kind's parsed objects by key; every change passes through here to the indexes.
-
-    `synced` and `healthy` are set by whoever fills the cache (an informer, or `Store.load`):
-    synced once it has been filled, healthy while it is known to follow the server.
-    """
-
-    def __init__(self, spec: Spec[K, T], on_change: Callable[[T | None, T | None], None]) -> None:
-        self.spec = spec
-        self._items: dict[K, T] = {}
-        self._on_change = on_change
-        self.synced = asyncio.Event()
-        self.healthy = asyncio.Event()
-
-    def get(self, key: K) -> T | None:
-        """The cached object under `key`, if any."""
-        return self._items.get(key)
-
-    def __iter__(self) -> Iterator[K]:
-        return iter(self._items)
-
-    def items(self) -> ItemsView[K, T]:
-        """A live view of the entries (read it, do not keep it across awaits)."""
-        return self._items.items()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def put(self, key: K, value: T) -> T | None:
-        """Store `value`; the indexes hear of it unless it equals what was there."""
-        old = self._items.get(key)
-        self._items[key] = value
-        if old != value:
-            self._on_change(old, value)
-        return old
-
-    def pop(self, key: K) -> T | None:
-        """Forget `key`; the indexes hear of it if something was there."""
-        old = self._items.pop(key, None)
-        if old is not None:
-            self._on_change(old, None)
-        return old
+Echo = Callable[[str, Copy], bool]
+"""Tells whether a copy event is a grant's own write coming back (`Store.listen`)."""
 
 
 class Store:
     """The caches of grants, contract Secrets, namespaces and copies, and their indexes."""
 
     def __init__(self, api: Api) -> None:
-        self._api = api
+        self.api = api
+        """What `load` lists from (and `probe.snapshot` reads an uncached source from)."""
+        self._echo: Echo = _never
         self._listener: Listener | None = None
+        self._copy_watchers: list[Callable[[Copy | None, Copy | None], None]] = []
         self.grants = Cache(GRANT_SPEC, self._grant_changed)
         self.sources = Cache(SOURCE_SPEC, self._source_changed)
         self.namespaces = Cache(NAMESPACE_SPEC, self._namespace_changed)
@@ -261,22 +89,20 @@ class Store:
         self._copies_by_name: defaultdict[str, set[ObjectKey]] = defaultdict(set)
         self._copies_by_label: defaultdict[str, set[ObjectKey]] = defaultdict(set)
         self._copies_by_uid: defaultdict[str, set[ObjectKey]] = defaultdict(set)
-        self._wanted: dict[str, Desired] = {}
 
-    def want(self, name: str, desired: Desired | None) -> None:
-        """Record the copy grant `name` last planned.
+    def listen(self, listener: Listener, echo: Echo | None = None) -> None:
+        """Tell `listener` which grant names each later change affects.
 
-        Events of copies that already hold it (the echoes of its own writes) are no news, so
-        they do not wake the grant again and cannot defeat the debounce of a burst.
+        `echo(name, copy)` says a copy event is the echo of grant `name`'s own write (the copy
+        holds what it last planned): no news, so it does not wake the grant again and cannot
+        defeat the debounce of a burst.
         """
-        if desired is None:
-            self._wanted.pop(name, None)
-        else:
-            self._wanted[name] = desired
-
-    def listen(self, listener: Listener) -> None:
-        """Tell `listener` which grant names each later change affects."""
         self._listener = listener
+        self._echo = echo or _never
+
+    def watch_copies(self, watcher: Callable[[Copy | None, Copy | None], None]) -> None:
+        """Also tell `watcher` of every change of a copy (old, new), e.g. to roll its readers."""
+        self._copy_watchers.append(watcher)
 
     def grant_names(self) -> list[str]:
         """Every cached grant name, valid or not."""
@@ -294,7 +120,7 @@ class Store:
         """Fill every cache from one list of each kind (no watch): a store for one question."""
         for cache in self.caches:
             spec = cache.spec
-            pages = self._api.pages(
+            pages = self.api.pages(
                 spec.resource, label_selector=spec.label_selector, limit=spec.page
             )
             async with contextlib.aclosing(pages):
@@ -306,45 +132,19 @@ class Store:
 
     # --- snapshots ------------------------------------------------------------------------------
 
-    async def snapshot(self, name: str) -> Snapshot:
-        """Everything one reconcile of grant `name` reads, as immutable values.
+    def snapshot(self, name: str, uncached: SourceState = SourceState.UNKNOWN) -> Snapshot:
+        """Everything one reconcile of grant `name` reads, as immutable values, from memory.
 
-        The grant is read once; a source missing from the cache is probed with one
-        metadata-only read, to tell "deleted" (404) from "not exported" from "unknown".
+        `uncached` is the state of a source the cache lacks, as a read of it told
+        (`probe.snapshot` makes that read); a cached source is AVAILABLE.
         """
         record = self.grants.get(name)
         grant = record.grant if record is not None else None
-        source, state = await self._source(grant)
-        return self._snapshot(name, record, grant, source, state)
-
-    async def _source(self, grant: Grant | None) -> tuple[Source | None, SourceState]:
+        source = self.sources.get(grant.source) if grant is not None else None
         if grant is None:
-            return None, SourceState.UNKNOWN
-        cached = self.sources.get(grant.source)
-        if cached is not None:
-            return cached, SourceState.AVAILABLE
-        key = grant.source
-        try:
-            obj = await self._api.get(
-                SECRETS, key.name, namespace=key.namespace, metadata_only=True
-            )
-        except NotFound:
-            return None, SourceState.MISSING
-        except ApiError as e:
-            log.warning("source read failed", source=str(key), status=e.status)
-            return None, SourceState.UNKNOWN
-        if is_exported((obj.get("metadata") or {}).get("labels") or {}):
-            return None, SourceState.UNKNOWN  # exported but not cached yet: the watch is behind
-        return None, SourceState.NOT_EXPORTED
-
-    def _snapshot(
-        self,
-        name: str,
-        record: GrantRecord | None,
-        grant: Grant | None,
-        source: Source | None,
-        state: SourceState,
-    ) -> Snapshot:
+            state = SourceState.UNKNOWN
+        else:
+            state = SourceState.AVAILABLE if source is not None else uncached
         keys = set(self._copies_by_label.get(name, ()))
         namespaces: dict[str, Namespace] = {}
         rivals: tuple[Grant, ...] = ()
@@ -473,8 +273,14 @@ class Store:
         if old is not None and new is None:  # a freed place: a waiting rival may take it now
             names |= self._by_target.get(old.key.name, set())
         elif new is not None:  # a copy that holds what its grant wants is no news to it
-            names = {n for n in names if not ((d := self._wanted.get(n)) and d.in_sync(new))}
+            names = {n for n in names if not self._echo(n, new)}
         self._notify(Kind.COPY, names)
+        for watcher in self._copy_watchers:
+            watcher(old, new)
+
+
+def _never(_name: str, _copy: Copy) -> bool:
+    return False
 
 
 def _update(index: defaultdict[str, set[ObjectKey]], k: str, key: ObjectKey, add: bool) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kubernetes import client
 
+from projector import probe
 from projector.informer import Informer
 from projector.kube import Kube
 from projector.model import ObjectKey
@@ -60,7 +61,7 @@ async def test_a_store_loaded_once_snapshots_like_the_informed_one(
             await loaded.load()
             deadline = asyncio.get_running_loop().time() + 20
             while True:  # the informers may trail the one-shot lists by a few events
-                one, two = await loaded.snapshot(grant), await live.snapshot(grant)
+                one, two = await probe.snapshot(loaded, grant), await probe.snapshot(live, grant)
                 if one == two or asyncio.get_running_loop().time() > deadline:
                     break
                 await asyncio.sleep(0.05)  # allowed-sleep: poll interval under a deadline

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from projector import probe
 from projector.api import GRANTS, NAMESPACES, SECRETS, Obj
 from projector.errors import ServerError
 from projector.model import (
@@ -22,7 +23,7 @@ from projector.model import (
     ObjectKey,
 )
 from projector.reconcile import Desired, Snapshot, SourceState, desired_copy, plan
-from projector.store import Cache, Kind, Store
+from projector.store import Cache, Echo, Kind, Store
 from tests.unit.factories import managed_fields
 from tests.unit.fakeapi import FakeApi
 
@@ -86,9 +87,9 @@ def pop(cache: Cache[Any, Any], obj: Obj) -> None:
 class Woken:
     """The store's listener: every (kind, names) it was told, drained by `take`."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, echo: Echo | None = None) -> None:
         self.seen: list[tuple[Kind, set[str]]] = []
-        store.listen(lambda kind, names: self.seen.append((kind, set(names))))
+        store.listen(lambda kind, names: self.seen.append((kind, set(names))), echo=echo)
 
     def take(self) -> set[str]:
         names = set().union(*(n for _, n in self.seen)) if self.seen else set()
@@ -188,7 +189,7 @@ async def test_invalid_grant_is_live_but_not_indexed(store: Store) -> None:
     woken = Woken(store)
     put(store.sources, source_obj("p", "s"))
     assert woken.take() == set()
-    snap = await store.snapshot("bad")
+    snap = await probe.snapshot(store, "bad")
     assert snap.live_grant_uids == {"uid-bad"}  # its copies are no orphans: nothing revoked
     assert snap.record == record
 
@@ -206,7 +207,7 @@ async def test_snapshot_holds_what_the_grant_touches_and_never_changes_after(sto
     elsewhere = copy_obj("c", "unrelated")
     for obj in (at_target, labelled, elsewhere):
         put(store.copies, obj)
-    snap = await store.snapshot("g")
+    snap = await probe.snapshot(store, "g")
     assert snap.source_state is SourceState.AVAILABLE
     assert set(snap.namespaces) == {"a", "b"}
     assert set(snap.copies) == {ObjectKey("c", "s"), ObjectKey("c", "old-name")}
@@ -259,7 +260,7 @@ async def test_a_store_loaded_once_gives_the_snapshot_the_running_store_gives() 
         for obj in objs_of_kind:
             put(cache, obj)
     assert len(loaded.sources) == 1  # the private Secret is never cached
-    one, two = await loaded.snapshot("g"), await live.snapshot("g")
+    one, two = await probe.snapshot(loaded, "g"), await probe.snapshot(live, "g")
     assert one == two
     assert plan(one) == plan(two)
 
@@ -292,7 +293,7 @@ async def test_a_source_absent_from_the_cache_is_probed(
         api.fail("GET", error)
     store = Store(api)
     put(store.grants, grant_obj("g", namespaces=["a"]))
-    snap = await store.snapshot("g")
+    snap = await probe.snapshot(store, "g")
     assert (snap.source, snap.source_state) == (None, state)
     assert api.calls == [("GET", "secrets", "s")]
 
@@ -306,8 +307,8 @@ def test_the_echo_of_our_own_write_wakes_nobody_but_drift_does(store: Store) -> 
     assert record is not None and record.grant is not None and source is not None
     desired = desired_copy(record.grant, source)
     assert isinstance(desired, Desired)
-    store.want("g", desired)
-    woken = Woken(store)
+    wanted = {"g": desired}  # the controller's memory of what each grant last planned
+    woken = Woken(store, echo=lambda n, c: n in wanted and wanted[n].in_sync(c))
     written = desired.manifest("a")
     written["metadata"] |= {  # type: ignore[operator]
         "uid": "u1",
@@ -319,7 +320,7 @@ def test_the_echo_of_our_own_write_wakes_nobody_but_drift_does(store: Store) -> 
     drifted = {**written, "data": {**desired.data, "k": "ZHJpZnQ="}}
     put(store.copies, drifted)
     assert woken.take() == {"g"}  # someone else's edit
-    store.want("g", None)
+    del wanted["g"]
     put(store.copies, written)
     assert woken.take() == {"g"}  # nothing recorded: every event is news
 

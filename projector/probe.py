@@ -1,0 +1,47 @@
+"""Snapshots for a reconcile: the store's caches, plus one read of a source they lack.
+
+The store answers from memory only. A grant whose source Secret is not in the source cache
+(which holds exported Secrets only) needs one metadata-only read to tell "deleted" (404) from
+"not exported" from "unknown" (a failed read, or an exported Secret the watch has not delivered
+yet): that API call is made here, at the edge, never inside the store.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from projector.api import SECRETS, Api
+from projector.errors import ApiError, NotFound
+from projector.model import ObjectKey, is_exported
+from projector.reconcile import Snapshot, SourceState
+from projector.store import Store
+
+log = structlog.get_logger("projector.store")
+
+
+async def snapshot(store: Store, name: str, api: Api | None = None) -> Snapshot:
+    """Everything one reconcile of grant `name` reads, as immutable values.
+
+    The grant is read once; a source missing from the cache is probed through `api` (by
+    default the API the store was filled from).
+    """
+    record = store.grants.get(name)
+    grant = record.grant if record is not None else None
+    if grant is None or store.sources.get(grant.source) is not None:
+        return store.snapshot(name)
+    state = await source_state(api or store.api, grant.source)
+    return store.snapshot(name, uncached=state)
+
+
+async def source_state(api: Api, key: ObjectKey) -> SourceState:
+    """What one metadata-only read says of a source Secret the cache does not hold."""
+    try:
+        obj = await api.get(SECRETS, key.name, namespace=key.namespace, metadata_only=True)
+    except NotFound:
+        return SourceState.MISSING
+    except ApiError as e:
+        log.warning("source read failed", source=str(key), status=e.status)
+        return SourceState.UNKNOWN
+    if is_exported((obj.get("metadata") or {}).get("labels") or {}):
+        return SourceState.UNKNOWN  # exported but not cached yet: the watch is behind
+    return SourceState.NOT_EXPORTED
