@@ -90,9 +90,10 @@ that **no two replicas ever write the same copy**:
   has; the table "Where one replica misses a target" above gives those sizes. RSS is the
   line that holds across runs (restart times move with the load): with this run's slope the
   chart's 256 MiB limit comes at tens of thousands of copies, and sharding by namespace
-  divides exactly that term (the copy cache) by the number of replicas. Until then sharding buys nothing but a Lease per
-  shard and a status merge, and one replica with a standby (leader election, measured in
-  docs/benchmarks.md's failover section) is simpler and as available.
+  divides exactly that term (the copy cache) by the number of replicas. Until then sharding
+  buys nothing but a Lease per shard and a status merge, and one replica with a standby
+  (leader election, measured in docs/benchmarks.md's failover section) is simpler and as
+  available.
 """
 
 
