@@ -129,8 +129,12 @@ fmt: install
 demo: install binaries ## start a local control plane and watch a projection happen
 	$(PY) -m tests.demo
 
-bench: install binaries .local/prod-venv/.synced ## every benchmark at DESIGN §8 sizes; results/*.json + docs/benchmarks.md
+# The rotation-to-pod benchmark needs the one real node of this machine: NODE_LOCK (a flock
+# file, e.g. a shared machine's node slot) queues it behind other users of the node.
+NODE_LOCK ?=
+bench: install binaries .local/prod-venv/.synced node-binaries ## every benchmark at DESIGN §8 sizes; results/*.json + docs/benchmarks.md, docs/scaling.md
 	$(PY) -m benchmarks full
+	$(if $(NODE_LOCK),flock $(NODE_LOCK)) $(PY) -m benchmarks.pod_latency --rotations 30
 	$(PY) -m benchmarks.report
 
 bench-quick: install binaries .local/prod-venv/.synced ## the same benchmarks at small sizes, into benchmarks/results-quick/
