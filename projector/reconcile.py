@@ -109,9 +109,9 @@ def plan(snap: Snapshot) -> Plan:
     steps: list[Step] = []
     handled: set[ObjectKey] = set()
     matched = 0
-    lookup, target = snap.copies, grant.target_name
+    lookup, target, kind = snap.copies, grant.target_name, grant.kind
     for name in sorted(candidates):  # the hot loop: locals only, no work that can be hoisted
-        key = ObjectKey(name, target)
+        key = ObjectKey(name, target, kind)
         existing = lookup.get(key)
         mine = existing if existing is not None and key in held else None
         if mine is not None:

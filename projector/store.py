@@ -1,4 +1,4 @@
-"""The controller's view of the cluster: four caches, the indexes over them, and snapshots.
+"""The controller's view of the cluster: six caches, the indexes over them, and snapshots.
 
 Informers fill the caches (`Cache.put` / `Cache.pop`); on every change the store updates its
 indexes and tells its listener which grant names the change affects. That is level-based, like
@@ -9,15 +9,20 @@ only (a source the cache lacks is read by `probe`, at the edge). No other module
 A store works the same without informers: `load()` fills it from one-shot lists, and its
 snapshots are those the running controller would take (what `projector explain` plans from).
 
+Sources and copies are cached per kind (Secrets and ConfigMaps, each list and watch filtered
+by label), and every key carries its kind (`ObjectKey.kind`): a Secret and a ConfigMap of one
+name in one namespace are two sources, two copies, two places, never one.
+
 Indexes keep each lookup proportional to the grants or copies concerned, never to all of them:
-grants by source, by listed namespace, with a selector, by uid and by target name (rivals for
-one copy); copies by name, by grant label and by grant uid.
+grants by source, by listed namespace, with a selector, by uid and by target place (kind and
+name: rivals for one copy); copies by place, by grant label and by grant uid.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 from collections import defaultdict
 from collections.abc import Callable, Hashable, ItemsView, Iterator
@@ -28,7 +33,7 @@ from typing import Any, Generic, TypeVar
 
 import structlog
 
-from projector.api import GRANTS, NAMESPACES, SECRETS, Api, Obj, Resource
+from projector.api import CONFIGMAPS, GRANTS, NAMESPACES, SECRETS, Api, Obj, Resource
 from projector.errors import InvalidGrant, ProjectorError
 from projector.model import (
     EXPORT_LABEL,
@@ -42,6 +47,7 @@ from projector.model import (
     Namespace,
     ObjectKey,
     Source,
+    SourceKind,
     parse_copy,
     parse_grant_record,
     parse_namespace,
@@ -56,12 +62,20 @@ log = structlog.get_logger("projector.store")
 
 
 class Kind(StrEnum):
-    """The four kinds projector caches."""
+    """The caches projector keeps; a change is reported under its role (the first four)."""
 
     GRANT = "grants"
     SOURCE = "sources"
     NAMESPACE = "namespaces"
     COPY = "copies"
+    CONFIG_SOURCE = "configmap-sources"
+    """Contract ConfigMaps; their changes are reported as SOURCE."""
+    CONFIG_COPY = "configmap-copies"
+    """Projected ConfigMaps; their changes are reported as COPY."""
+
+
+Place = tuple[SourceKind, str]
+"""Where a grant's copies go, but for the namespace: the copy's kind and name."""
 
 
 Listener = Callable[[Kind, set[str]], None]
@@ -74,6 +88,11 @@ Echo = Callable[[str, Copy], bool]
 def _namespaced_key(obj: Obj) -> ObjectKey:
     meta = obj["metadata"]
     return ObjectKey(meta["namespace"], meta["name"])
+
+
+def _config_map_key(obj: Obj) -> ObjectKey:
+    meta = obj["metadata"]
+    return ObjectKey(meta["namespace"], meta["name"], SourceKind.CONFIG_MAP)
 
 
 def _name_key(obj: Obj) -> str:
@@ -191,6 +210,24 @@ COPY_SPEC: Spec[ObjectKey, Copy] = Spec(
     SECRET_PAGE,
 )
 """Copies are read whole (their data is hashed) but cached as metadata and that hash."""
+CONFIG_SOURCE_SPEC: Spec[ObjectKey, Source] = Spec(
+    Kind.CONFIG_SOURCE,
+    CONFIGMAPS,
+    functools.partial(parse_source, kind=SourceKind.CONFIG_MAP),
+    _config_map_key,
+    f"{EXPORT_LABEL}={EXPORT_VALUE}",
+    SECRET_PAGE,
+)
+"""Only contract ConfigMaps, as for Secrets: the cluster's other ConfigMaps cost nothing."""
+CONFIG_COPY_SPEC: Spec[ObjectKey, Copy] = Spec(
+    Kind.CONFIG_COPY,
+    CONFIGMAPS,
+    functools.partial(parse_copy, kind=SourceKind.CONFIG_MAP),
+    _config_map_key,
+    f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}",
+    SECRET_PAGE,
+)
+"""Projected ConfigMaps: like Secret copies, cached as metadata and the hash of their data."""
 
 
 class Cache(Generic[K, T]):
@@ -238,7 +275,7 @@ class Cache(Generic[K, T]):
 
 
 class Store:
-    """The caches of grants, contract Secrets, namespaces and copies, and their indexes."""
+    """The caches of grants, contract Secrets and ConfigMaps, namespaces and copies, indexed."""
 
     def __init__(self, api: Api) -> None:
         self.api = api
@@ -249,20 +286,24 @@ class Store:
         self.sources = Cache(SOURCE_SPEC, self._source_changed)
         self.namespaces = Cache(NAMESPACE_SPEC, self._namespace_changed)
         self.copies = Cache(COPY_SPEC, self._copy_changed)
+        self.config_sources = Cache(CONFIG_SOURCE_SPEC, self._source_changed)
+        self.config_copies = Cache(CONFIG_COPY_SPEC, self._copy_changed)
         self.caches: tuple[Cache[Any, Any], ...] = (
             self.grants,
             self.sources,
             self.namespaces,
             self.copies,
+            self.config_sources,
+            self.config_copies,
         )
         self._valid: dict[str, Grant] = {}
         self._uids: dict[str, str] = {}
         self._live_uids: frozenset[str] | None = frozenset()
         self._by_source: defaultdict[ObjectKey, set[str]] = defaultdict(set)
         self._by_namespace: defaultdict[str, set[str]] = defaultdict(set)
-        self._by_target: defaultdict[str, set[str]] = defaultdict(set)
+        self._by_target: defaultdict[Place, set[str]] = defaultdict(set)
         self._with_selector: set[str] = set()
-        self._copies_by_name: defaultdict[str, set[ObjectKey]] = defaultdict(set)
+        self._copies_by_place: defaultdict[Place, set[ObjectKey]] = defaultdict(set)
         self._copies_by_label: defaultdict[str, set[ObjectKey]] = defaultdict(set)
         self._copies_by_uid: defaultdict[str, set[ObjectKey]] = defaultdict(set)
 
@@ -312,7 +353,7 @@ class Store:
         """
         record = self.grants.get(name)
         grant = record.grant if record is not None else None
-        source = self.sources.get(grant.source) if grant is not None else None
+        source = self.source(grant.source) if grant is not None else None
         if grant is None:
             state = SourceState.UNKNOWN
         else:
@@ -322,15 +363,13 @@ class Store:
         rivals: tuple[Grant, ...] = ()
         if grant is not None:
             keys |= self._copies_by_uid.get(grant.uid, set())
-            keys |= self._copies_by_name.get(grant.target_name, set())
+            keys |= self._copies_by_place.get(_place(grant), set())
             namespaces = self._targeted(grant)
             rivals = tuple(
-                self._valid[n] for n in self._by_target.get(grant.target_name, ()) if n != name
+                self._valid[n] for n in self._by_target.get(_place(grant), ()) if n != name
             )
-        copies = {k: c for k in keys if (c := self.copies.get(k)) is not None}
-        rival_sources = {
-            r.source: s for r in rivals if (s := self.sources.get(r.source)) is not None
-        }
+        copies = {k: c for k in keys if (c := self.copy(k)) is not None}
+        rival_sources = {r.source: s for r in rivals if (s := self.source(r.source)) is not None}
         return Snapshot(
             grant_name=name,
             grant=grant,
@@ -343,6 +382,16 @@ class Store:
             rival_sources=MappingProxyType(rival_sources),
             record=record,
         )
+
+    def source(self, key: ObjectKey) -> Source | None:
+        """The cached contract Secret or ConfigMap under `key` (its kind says which cache)."""
+        cache = self.sources if key.kind is SourceKind.SECRET else self.config_sources
+        return cache.get(key)
+
+    def copy(self, key: ObjectKey) -> Copy | None:
+        """The cached copy under `key` (its kind says which cache)."""
+        cache = self.copies if key.kind is SourceKind.SECRET else self.config_copies
+        return cache.get(key)
 
     def _targeted(self, grant: Grant) -> dict[str, Namespace]:
         """The existing namespaces a grant aims at: its list, and its selector's matches."""
@@ -369,7 +418,7 @@ class Store:
         if g is None:
             return
         self._by_source[g.source].discard(name)
-        self._by_target[g.target_name].discard(name)
+        self._by_target[_place(g)].discard(name)
         for ns in g.namespaces:
             self._by_namespace[ns].discard(name)
         self._with_selector.discard(name)
@@ -382,7 +431,7 @@ class Store:
                 continue
             names.add(rec.name)
             if rec.grant is not None:
-                names |= self._by_target.get(rec.grant.target_name, set())
+                names |= self._by_target.get(_place(rec.grant), set())
         if old is not None:
             self._uids.pop(old.uid, None)
             self._unindex(old.name)
@@ -392,7 +441,7 @@ class Store:
             if g is not None:
                 self._valid[new.name] = g
                 self._by_source[g.source].add(new.name)
-                self._by_target[g.target_name].add(new.name)
+                self._by_target[_place(g)].add(new.name)
                 for ns in g.namespaces:
                     self._by_namespace[ns].add(new.name)
                 if g.selector is not None:
@@ -430,11 +479,9 @@ class Store:
             if c is None:
                 continue
             label, uid = c.labels.get(GRANT_LABEL), c.grant_uid
-            for index, k in (
-                (self._copies_by_name, c.key.name),
-                (self._copies_by_label, label),
-                (self._copies_by_uid, uid),
-            ):
+            place: Place = (c.key.kind, c.key.name)
+            _update(self._copies_by_place, place, c.key, add)
+            for index, k in ((self._copies_by_label, label), (self._copies_by_uid, uid)):
                 if k:
                     _update(index, k, c.key, add)
             if label:
@@ -443,7 +490,7 @@ class Store:
             if owner:
                 names.add(owner)
         if old is not None and new is None:  # a freed place: a waiting rival may take it now
-            names |= self._by_target.get(old.key.name, set())
+            names |= self._by_target.get((old.key.kind, old.key.name), set())
         elif new is not None:  # a copy that holds what its grant wants is no news to it
             names = {n for n in names if not self._echo(n, new)}
         self._notify(Kind.COPY, names)
@@ -453,7 +500,13 @@ def _never(_name: str, _copy: Copy) -> bool:
     return False
 
 
-def _update(index: defaultdict[str, set[ObjectKey]], k: str, key: ObjectKey, add: bool) -> None:
+def _place(grant: Grant) -> Place:
+    return (grant.kind, grant.target_name)
+
+
+def _update(
+    index: defaultdict[Any, set[ObjectKey]], k: Hashable, key: ObjectKey, add: bool
+) -> None:
     if add:
         index[k].add(key)
         return
