@@ -37,6 +37,9 @@ NAMESPACES = Resource("v1", "namespaces", False, "Namespace")
 EVENTS = Resource("v1", "events", True, "Event")
 LEASES = Resource("coordination.k8s.io/v1", "leases", True, "Lease")
 GRANTS = Resource("projector.nebari.dev/v1alpha1", "projectiongrants", False, "ProjectionGrant")
+DEPLOYMENTS = Resource("apps/v1", "deployments", True, "Deployment")
+STATEFULSETS = Resource("apps/v1", "statefulsets", True, "StatefulSet")
+DAEMONSETS = Resource("apps/v1", "daemonsets", True, "DaemonSet")
 
 
 class Api(Protocol):
@@ -118,4 +121,8 @@ class Api(Protocol):
 
     async def patch_status(self, res: Resource, name: str, status: Obj) -> Obj:
         """Merge-patch a cluster-scoped object's status subresource."""
+        ...
+
+    async def apply(self, res: Resource, body: Obj, *, namespace: str, field_manager: str) -> Obj:
+        """Server-side apply `body` (its metadata names the object) as `field_manager`, forced."""
         ...

@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -37,7 +38,8 @@ from projector.logs import configure_logging
 from projector.metrics import Metrics
 from projector.queue import WorkQueue
 from projector.recorder import Recorder
-from projector.store import Store
+from projector.rollout import Ref, Rollouts
+from projector.store import Cache, Store
 from projector.tracing import configure_tracing, spans_exported
 from projector.writer import Writer
 
@@ -99,17 +101,16 @@ async def run(
             if workers:  # the grants that waited on a cache run now, not when their backoff ends
                 controller.resync()
 
-    informers = [
-        Informer(
+    def informer(c: Cache[Any, Any]) -> Informer[Any, Any]:
+        return Informer(
             kube,
             c,
             on_event=on_informer_event,
             timeout_seconds=cfg.watch_timeout,
             read_deadline=cfg.informer_stall_after / 2,
         )
-        for c in store.caches
-    ]
-    metrics.bind_informers((i.name for i in informers), cfg.informer_stall_after)
+
+    informers = [informer(c) for c in store.caches]
     queue: WorkQueue[str] = WorkQueue(
         debounce=cfg.debounce,
         debounce_max=cfg.debounce_max,
@@ -125,6 +126,15 @@ async def run(
         concurrency=cfg.write_concurrency,
         fence=fence,
     )
+    rollouts = None
+    if cfg.rollouts:  # off: no workload is even listed
+        rollout_queue: WorkQueue[Ref] = WorkQueue(
+            debounce=cfg.rollout_debounce, debounce_max=cfg.rollout_debounce_max
+        )
+        rollouts = Rollouts(store, writer, queue=rollout_queue, metrics=metrics, instance=cfg.id)
+        informers += [informer(c) for c in rollouts.caches]
+    caches = [i.cache for i in informers]
+    metrics.bind_informers((i.name for i in informers), cfg.informer_stall_after)
     controller = Controller(
         store,
         config=cfg,
@@ -133,6 +143,7 @@ async def run(
         writer=writer,
         recorder=Recorder(writer, cfg.id),
         tracer=tracer,
+        rollouts=rollouts,
     )
     tasks: list[asyncio.Task[None]] = []
     """The tasks that run for the life of the process: if one ends, the process is wedged."""
@@ -152,7 +163,7 @@ async def run(
 
     def ready() -> bool:
         """Every cache has synced and none is known to be behind the server right now."""
-        return store.synced() and store.healthy()
+        return all(c.synced.is_set() and c.healthy.is_set() for c in caches)
 
     runner = web.AppRunner(http_app(metrics, alive=alive, ready=ready), access_log=None)
     await runner.setup()
@@ -164,9 +175,10 @@ async def run(
 
     def requeue_interrupted() -> None:
         """Keys whose reconcile was cancelled with its term are queued for the next one."""
-        for key in list(queue.processing):
-            queue.done(key)
-            queue.add_now(key)
+        for q in (queue, *((rollouts.queue,) if rollouts else ())):
+            for key in list(q.processing):
+                q.done(key)
+                q.add_now(key)
 
     async def lead(tg: asyncio.TaskGroup, elector: Elector) -> None:
         """Run workers while this replica leads; stop them, caches kept, when it stops."""
@@ -194,8 +206,8 @@ async def run(
             tasks.extend(tg.create_task(i.run(), name=f"informer-{i.name}") for i in informers)
             if elector is not None:
                 tasks.append(tg.create_task(elector.run(), name="elector"))
-            await asyncio.gather(*(c.synced.wait() for c in store.caches))
-            log.info("caches synced", **{c.spec.kind.value: len(c) for c in store.caches})
+            await asyncio.gather(*(c.synced.wait() for c in caches))
+            log.info("caches synced", **{c.spec.kind.value: len(c) for c in caches})
             if elector is not None:  # a hot standby until it leads: synced, ready, waiting
                 tasks.append(tg.create_task(lead(tg, elector), name="leadership"))
             else:

@@ -67,6 +67,15 @@ class Config:
     """Every grant is reconciled again from the caches this often (jittered by +-10%); 0 turns
     it off. It repairs what a missed event or a failed status write left stale; a grant in sync
     writes nothing, so a resync costs CPU, not API writes."""
+    rollouts: bool = False
+    """Roll Deployments, StatefulSets and DaemonSets that name a copy in their
+    projector.nebari.dev/rollout-on annotation when its content changes (`projector.rollout`).
+    Off: no workload is listed, watched or patched (and the chart grants no access to them)."""
+    rollout_debounce: float = 2.0
+    """Trailing window of a workload's rollout: the copy writes of one burst (seconds apart,
+    see --debounce-hot-max) collapse into one rollout instead of one each."""
+    rollout_debounce_max: float = 10.0
+    """A workload's rollout waits at most this long after the first copy change it follows."""
     conflict_recheck: float = 60.0
     """How often a grant with conflicts looks again (the blocking object is not cached)."""
     watch_timeout: int = 300
@@ -156,6 +165,24 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         default=seconds(_env("RESYNC_PERIOD", f"{d.resync_period:g}s")),
         help="reconcile every grant again this often, jittered, e.g. 10m; 0 turns it off",
     )
+    p.add_argument(
+        "--rollouts",
+        action=argparse.BooleanOptionalAction,
+        default=_env("ROLLOUTS", "false").lower() in ("1", "true", "yes"),
+        help="roll workloads that opt in with projector.nebari.dev/rollout-on (default off)",
+    )
+    p.add_argument(
+        "--rollout-debounce",
+        type=seconds,
+        default=seconds(_env("ROLLOUT_DEBOUNCE", f"{d.rollout_debounce:g}s")),
+        help="trailing window that collapses a burst of copy changes into one rollout, e.g. 2s",
+    )
+    p.add_argument(
+        "--rollout-debounce-max",
+        type=seconds,
+        default=seconds(_env("ROLLOUT_DEBOUNCE_MAX", f"{d.rollout_debounce_max:g}s")),
+        help="longest a rollout waits after the first copy change it follows, e.g. 10s",
+    )
     p.add_argument("--id", default=_env("ID", "") or socket.gethostname())
     p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level))
     p.add_argument(
@@ -172,6 +199,8 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         p.error("need 0 <= --debounce <= --debounce-max <= --debounce-hot-max")
     if a.watch_timeout < 1 or a.informer_stall_after <= 0:
         p.error("--watch-timeout and --informer-stall-after must be positive")
+    if not 0 <= a.rollout_debounce <= a.rollout_debounce_max:
+        p.error("need 0 <= --rollout-debounce <= --rollout-debounce-max")
     if a.resync_period < 0:
         p.error("--resync-period must be 0 (off) or positive")
     if not a.id:
@@ -200,4 +229,7 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         watch_timeout=a.watch_timeout,
         informer_stall_after=a.informer_stall_after,
         resync_period=a.resync_period,
+        rollouts=a.rollouts,
+        rollout_debounce=a.rollout_debounce,
+        rollout_debounce_max=a.rollout_debounce_max,
     )

@@ -37,6 +37,7 @@ from projector.model import Copy, GrantRecord
 from projector.queue import QueueShutDown, WorkQueue
 from projector.reconcile import Desired
 from projector.recorder import Recorder, timestamp
+from projector.rollout import Rollouts
 from projector.status import Result
 from projector.store import Kind, Store
 from projector.tracing import trace_id
@@ -69,8 +70,11 @@ class Controller:
         writer: Writer,
         recorder: Recorder,
         tracer: trace.Tracer | None = None,
+        rollouts: Rollouts | None = None,
     ) -> None:
         self.store = store
+        self.rollouts = rollouts
+        """Runs beside the workers, on the same leadership term (None: --rollouts is off)."""
         self.config = config
         self.metrics = metrics
         self.queue = queue
@@ -113,12 +117,16 @@ class Controller:
     def resync(self) -> None:
         """Queue every cached grant once (a new leader's caches are warm, its queue is not)."""
         self._enqueue(Kind.GRANT, self.store.grant_names())
+        if self.rollouts is not None:
+            self.rollouts.resync()
 
     def stop(self) -> None:
         """Take no new work; reconciles under way finish (`run` returns once they have)."""
         self._stopping = True
         self._stopped.set()
         self.queue.shut_down()
+        if self.rollouts is not None:
+            self.rollouts.stop()
 
     async def run(self) -> None:
         """Run `config.workers` workers (and the periodic resync) until `stop()` or cancellation."""
@@ -127,6 +135,8 @@ class Controller:
                 tg.create_task(self._worker(), name=f"worker-{i}")
             if self.config.resync_period > 0:
                 tg.create_task(self._resync_periodically(), name="resync")
+            if self.rollouts is not None:
+                tg.create_task(self.rollouts.run(), name="rollouts")
 
     def resync_idle(self) -> int:
         """Queue every cached grant that has nothing pending; return how many were queued.

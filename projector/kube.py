@@ -503,6 +503,19 @@ class Kube:
             content_type="application/merge-patch+json",
         )
 
+    async def apply(self, res: Resource, body: Obj, *, namespace: str, field_manager: str) -> Obj:
+        """Server-side apply (JSON is YAML): `field_manager` then owns exactly the fields sent."""
+        return await self._request(
+            "PATCH",
+            "PATCH",
+            res,
+            namespace=namespace,
+            name=str(body["metadata"]["name"]),
+            params={"fieldManager": field_manager, "force": "true"},
+            body=body,
+            content_type="application/apply-patch+yaml",
+        )
+
     async def close(self) -> None:
         """Close the HTTP session."""
         await self._session.close()

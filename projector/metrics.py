@@ -278,6 +278,14 @@ METRICS = (
         "Copies restored after someone changed them.",
     ),
     Metric(
+        "rollouts",
+        "projector_rollouts_total",
+        "counter",
+        "Rollouts started on consumer workloads (--rollouts), by the grant of the copy whose "
+        "content changed and the workload's namespace.",
+        ("grant", "namespace"),
+    ),
+    Metric(
         "spans_exported",
         "projector_spans_exported_total",
         "counter",
@@ -332,6 +340,7 @@ class Metrics:
     informer_idle: Gauge
     informer_stall_after: Gauge
     drift_corrections: Counter
+    rollouts: Counter
     spans_exported: Counter
     spans_dropped: Counter
 

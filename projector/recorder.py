@@ -26,16 +26,17 @@ def timestamp() -> str:
 
 def manifest(rec: GrantRecord, ev: Event, *, instance: str, now: str) -> Obj:
     """A core/v1 Event about grant `rec` (the name is unique: Events are never updated)."""
+    involved = {"apiVersion": GRANTS.version, "kind": GRANTS.kind, "name": rec.name, "uid": rec.uid}
+    return event(involved, EVENTS_NS, ev, instance=instance, now=now)
+
+
+def event(involved: Obj, namespace: str, ev: Event, *, instance: str, now: str) -> Obj:
+    """A core/v1 Event about the object `involved` (an involvedObject), in `namespace`."""
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{rec.name}.{uuid.uuid4().hex[:16]}", "namespace": EVENTS_NS},
-        "involvedObject": {
-            "apiVersion": GRANTS.version,
-            "kind": GRANTS.kind,
-            "name": rec.name,
-            "uid": rec.uid,
-        },
+        "metadata": {"name": f"{involved['name']}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
+        "involvedObject": involved,
         "type": ev.type,
         "reason": ev.reason,
         "message": ev.message[:MAX_MESSAGE],

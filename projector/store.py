@@ -103,7 +103,7 @@ def _name_key(obj: Obj) -> str:
 class Spec(Generic[K, T]):
     """How one kind is listed, watched, keyed and parsed into its cached value."""
 
-    kind: Kind
+    kind: StrEnum
     resource: Resource
     parse: Callable[[Obj], T]
     key: Callable[[Obj], K]
@@ -282,6 +282,7 @@ class Store:
         """What `load` lists from (and `probe.snapshot` reads an uncached source from)."""
         self._echo: Echo = _never
         self._listener: Listener | None = None
+        self._copy_watchers: list[Callable[[Copy | None, Copy | None], None]] = []
         self.grants = Cache(GRANT_SPEC, self._grant_changed)
         self.sources = Cache(SOURCE_SPEC, self._source_changed)
         self.namespaces = Cache(NAMESPACE_SPEC, self._namespace_changed)
@@ -316,6 +317,10 @@ class Store:
         """
         self._listener = listener
         self._echo = echo or _never
+
+    def watch_copies(self, watcher: Callable[[Copy | None, Copy | None], None]) -> None:
+        """Also tell `watcher` of every change of a copy (old, new), e.g. to roll its readers."""
+        self._copy_watchers.append(watcher)
 
     def grant_names(self) -> list[str]:
         """Every cached grant name, valid or not."""
@@ -494,6 +499,8 @@ class Store:
         elif new is not None:  # a copy that holds what its grant wants is no news to it
             names = {n for n in names if not self._echo(n, new)}
         self._notify(Kind.COPY, names)
+        for watcher in self._copy_watchers:
+            watcher(old, new)
 
 
 def _never(_name: str, _copy: Copy) -> bool:

@@ -40,7 +40,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from projector.api import BY_KIND, EVENTS, GRANTS, Api, Obj
+from projector.api import BY_KIND, EVENTS, GRANTS, Api, Obj, Resource
 from projector.errors import ApiError, Conflict, Forbidden, NotFound, TooManyRequests
 from projector.metrics import Metrics
 from projector.model import Copy, parse_copy
@@ -421,6 +421,12 @@ class Writer:
             span.set_attribute("result", "ok")
             self._metrics.status_writes.inc()
             return True
+
+    async def apply(self, res: Resource, body: Obj, *, namespace: str, field_manager: str) -> Obj:
+        """Server-side apply one object as `field_manager`; the caller retries on failure."""
+        return await self._send(
+            lambda api: api.apply(res, body, namespace=namespace, field_manager=field_manager)
+        )
 
     async def create_event(self, event: Obj, namespace: str) -> None:
         """Create an Event; best effort, so a refused Event never fails a reconcile."""

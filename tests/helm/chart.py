@@ -7,6 +7,8 @@
 - `deploy/crds/`: the chart's CRD, byte for byte (the control plane of the tests installs it);
 - `deploy/rbac/rbac.yaml`: the ServiceAccount, ClusterRole, Roles and bindings (the tests run the
   controller with exactly these);
+- `deploy/rbac/rollouts/rbac.yaml`: what `rollouts.enabled=true` adds to them (the rollout
+  tests add exactly these);
 - `docs/reference/grant.md`: the grant reference, generated from the CRD's schema.
 
 `--check` writes nothing and exits 1 naming every stale file; the test suite runs it.
@@ -80,10 +82,13 @@ def render(binary: Path) -> dict[Path, str]:
         + rendered
     )
     rbac = [d for d in documents(template(binary)) if d["kind"] in RBAC_KINDS]
+    with_rollouts = documents(template(binary, "--set=rollouts.enabled=true"))
+    rollouts = [d for d in with_rollouts if d["kind"] in RBAC_KINDS and d not in rbac]
     return {
         REPO / "deploy" / "install.yaml": install,
         REPO / "deploy" / "crds" / CRD_FILE: GENERATED + crd,
         REPO / "deploy" / "rbac" / "rbac.yaml": GENERATED + _dump(rbac),
+        REPO / "deploy" / "rbac" / "rollouts" / "rbac.yaml": GENERATED + _dump(rollouts),
         REPO / "docs" / "reference" / "grant.md": grant_reference(yaml.safe_load(crd)),
     }
 

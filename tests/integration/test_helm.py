@@ -162,6 +162,39 @@ def test_template_non_default_values(helm_bin: Path) -> None:
     assert "--no-leader-elect" in args and "--leader-elect" not in args
 
 
+def test_rollouts_are_off_by_default_and_only_enabling_them_grants_access_to_workloads(
+    helm_bin: Path,
+) -> None:
+    off = render(helm_bin)
+    assert "--rollouts" not in container(off)["args"]
+    for (kind, name), doc in off.items():
+        for rule in doc.get("rules", []) if kind in ("ClusterRole", "Role") else []:
+            assert "apps" not in rule["apiGroups"], (name, rule)
+    on = render(helm_bin, "--set=rollouts.enabled=true")
+    assert "--rollouts" in container(on)["args"]
+    added = {("ClusterRole", "projector-rollouts"), ("ClusterRoleBinding", "projector-rollouts")}
+    assert set(on) - set(off) == added
+    assert on[("ClusterRole", "projector-rollouts")]["rules"] == [
+        {
+            "apiGroups": ["apps"],
+            "resources": ["deployments", "statefulsets", "daemonsets"],
+            "verbs": ["get", "list", "watch", "patch"],
+        },
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    ]
+    binding = on[("ClusterRoleBinding", "projector-rollouts")]
+    assert binding["roleRef"]["name"] == "projector-rollouts"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "projector", "namespace": NAMESPACE}
+    ]
+    # nothing else changes: the other documents are the same, the Deployment but for the flag
+    for key in set(off) - {("Deployment", "projector")}:
+        assert on[key] == off[key], key
+    args_on = container(on)["args"]
+    assert [a for a in args_on if a != "--rollouts"] == container(off)["args"]
+    chart.helm(helm_bin, "lint", "--strict", str(chart.CHART), "--set=rollouts.enabled=true")
+
+
 def test_the_chart_renders_the_generated_rules_with_the_selector_and_runbook_from_values(
     helm_bin: Path,
 ) -> None:

@@ -179,6 +179,23 @@ class FakeApi:
         obj["status"] = copy.deepcopy(status)
         return copy.deepcopy(obj)
 
+    async def apply(self, res: Resource, body: Obj, *, namespace: str, field_manager: str) -> Obj:
+        name = str(body["metadata"]["name"])
+        self._call("APPLY", res, name)
+        obj = self._get(res, namespace, name)
+        _merge(obj, copy.deepcopy(body))
+        obj["metadata"]["resourceVersion"] = str(next(self._rv))
+        return copy.deepcopy(obj)
+
     def get_object(self, res: Resource, namespace: str, name: str) -> dict[str, Any] | None:
         """The stored object, for assertions."""
         return self.objects.get((res.plural, namespace, name))
+
+
+def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
+    """Merge maps recursively, as server-side apply merges the maps it is sent."""
+    for k, v in patch.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        else:
+            into[k] = v

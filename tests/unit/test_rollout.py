@@ -1,0 +1,348 @@
+"""Opt-in rollouts: the pure decision (table + properties), progress, the cache filter, the edge.
+
+The edge test drives `Rollouts` over the in-memory API double; the real API server and the
+real node prove the same rules in tests/integration/test_rollout.py and tests/node/.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from projector import config
+from projector.api import DEPLOYMENTS, EVENTS
+from projector.metrics import Metrics
+from projector.model import HASH_ANNOTATION
+from projector.queue import WorkQueue
+from projector.rollout import (
+    ROLLOUT_ON,
+    Decision,
+    OptedIn,
+    Ref,
+    Rollouts,
+    Workload,
+    WorkloadKind,
+    decide,
+    hash_prefix,
+    manifest,
+    parser,
+    progressing,
+    seen_key,
+    spec,
+    stamp_key,
+)
+from projector.store import Store
+from projector.writer import Writer
+from tests.unit.factories import copy_from, desired_of, make_grant, make_source
+from tests.unit.fakeapi import FakeApi
+
+D = WorkloadKind.DEPLOYMENT
+REF = Ref(D, "app", "web")
+
+
+def workload(
+    copies: tuple[str, ...] = ("db",),
+    *,
+    stamps: dict[str, str] | None = None,
+    seen: dict[str, str] | None = None,
+    busy: bool = False,
+) -> Workload:
+    return Workload(
+        REF,
+        "uid-web",
+        copies,
+        tuple(sorted((stamps or {}).items())),
+        tuple(sorted((seen or {}).items())),
+        busy,
+    )
+
+
+S, B = stamp_key("db"), seen_key("db")
+
+
+@pytest.mark.parametrize(
+    ("w", "hashes", "stamps", "seen", "rolled", "held"),
+    [
+        pytest.param(workload(), {"db": "h1"}, {}, {B: "h1"}, (), (), id="first-sight-baseline"),
+        pytest.param(workload(seen={B: "h1"}), {"db": "h1"}, {}, {B: "h1"}, (), (), id="baseline"),
+        pytest.param(
+            workload(stamps={S: "h1"}, seen={B: "h0"}),
+            {"db": "h1"},
+            {S: "h1"},
+            {B: "h0"},
+            (),
+            (),
+            id="stamped-same",
+        ),
+        pytest.param(
+            workload(seen={B: "h1"}),
+            {"db": "h2"},
+            {S: "h2"},
+            {B: "h2"},
+            ("db",),
+            (),
+            id="changed-since-baseline",
+        ),
+        pytest.param(
+            workload(stamps={S: "h1"}, seen={B: "h1"}),
+            {"db": "h2"},
+            {S: "h2"},
+            {B: "h2"},
+            ("db",),
+            (),
+            id="changed-since-stamp",
+        ),
+        pytest.param(
+            workload(stamps={S: "h1"}, seen={B: "h1"}, busy=True),
+            {"db": "h2"},
+            {S: "h1"},
+            {B: "h1"},
+            (),
+            ("db",),
+            id="held-while-progressing",
+        ),
+        pytest.param(
+            workload(busy=True), {"db": "h1"}, {}, {B: "h1"}, (), (), id="baseline-while-busy"
+        ),
+        pytest.param(
+            workload(stamps={S: "h1"}, seen={B: "h1"}),
+            {},
+            {S: "h1"},
+            {B: "h1"},
+            (),
+            (),
+            id="not-ours-or-gone-left-alone",
+        ),
+        pytest.param(
+            workload(("db", "oidc"), stamps={S: "h1", stamp_key("old"): "x"}, seen={B: "h1"}),
+            {"db": "h1", "oidc": "o1"},
+            {S: "h1", stamp_key("old"): "x"},
+            {B: "h1", seen_key("oidc"): "o1"},
+            (),
+            (),
+            id="stamps-of-copies-no-longer-named-kept",
+        ),
+    ],
+)
+def test_decide(
+    w: Workload,
+    hashes: dict[str, str],
+    stamps: dict[str, str],
+    seen: dict[str, str],
+    rolled: tuple[str, ...],
+    held: tuple[str, ...],
+) -> None:
+    d = decide(w, hashes)
+    assert dict(d.stamps) == stamps and dict(d.seen) == seen
+    assert d.rolled == rolled and d.held == held
+
+
+def test_keys_of_long_copy_names_fit_an_annotation_and_stay_distinct() -> None:
+    a, b = "x" * 250 + "a", "x" * 250 + "b"
+    for key in (stamp_key(a), stamp_key(b), seen_key(a), seen_key(b)):
+        assert len(key.split("/", 1)[1]) <= 63 and key[-1].isalnum()
+    assert stamp_key(a) != stamp_key(b) and seen_key(a) != seen_key(b)
+    assert stamp_key("jupyterhub-contract") == "projector.nebari.dev/rollout-jupyterhub-contract"
+
+
+def test_the_apply_body_carries_only_projectors_annotations() -> None:
+    w = workload(seen={B: "h1"})
+    body = manifest(w, decide(w, {"db": "h2"}))
+    assert body == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "app", "annotations": {B: "h2"}},
+        "spec": {"template": {"metadata": {"annotations": {S: "h2"}}}},
+    }
+
+
+names = st.sampled_from(["db", "oidc", "hub", "x" * 80])
+hashes_st = st.dictionaries(names, st.sampled_from(["h1", "h2", "h3"]), max_size=4)
+marks = st.dictionaries(names, st.sampled_from(["h1", "h2", "h3"]), max_size=4)
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> Workload:
+    copies = tuple(draw(st.lists(names, unique=True, max_size=4)))
+    stamps = {stamp_key(c): h for c, h in draw(marks).items()}
+    seen = {seen_key(c): h for c, h in draw(marks).items()}
+    return workload(copies, stamps=stamps, seen=seen, busy=draw(st.booleans()))
+
+
+def applied(w: Workload, d: Decision, *, busy: bool) -> Workload:
+    return Workload(w.ref, w.uid, w.copies, d.stamps, d.seen, busy)
+
+
+@given(workloads(), hashes_st, st.booleans())
+def test_no_content_change_means_no_rollout(
+    w: Workload, hashes: dict[str, str], busy: bool
+) -> None:
+    """A restart, failover, resync or relist decides again on the same hashes: nothing rolls."""
+    first = decide(w, hashes)
+    again = decide(applied(w, first, busy=busy), hashes)
+    # only what the first decision held back (a rollout was progressing) may go out later
+    assert set(again.rolled) <= set(first.held)
+    if not first.held:
+        assert not again.needed(applied(w, first, busy=busy))
+    # and only a copy whose hash differs from what its pods were started with ever rolls
+    for c in first.rolled:
+        started = dict(w.stamps).get(stamp_key(c)) or dict(w.seen).get(seen_key(c))
+        assert started is not None and started != hashes[c] and not w.busy
+
+
+@given(workloads(), hashes_st)
+def test_no_stamp_is_ever_dropped_and_unnamed_copies_are_untouched(
+    w: Workload, hashes: dict[str, str]
+) -> None:
+    d = decide(w, hashes)
+    assert set(dict(w.stamps)) <= set(dict(d.stamps))  # an apply dropping one would roll
+    assert set(dict(w.seen)) <= set(dict(d.seen))
+    for c in set(hashes) - set(w.copies):
+        assert dict(d.stamps).get(stamp_key(c)) == dict(w.stamps).get(stamp_key(c))
+
+
+def deployment(
+    *,
+    replicas: int = 2,
+    generation: int = 2,
+    annotations: dict[str, str] | None = None,
+    **status: Any,
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "namespace": "app",
+            "name": "web",
+            "uid": "uid-web",
+            "generation": generation,
+            "resourceVersion": "9",
+            "annotations": {ROLLOUT_ON: "db", **(annotations or {})},
+        },
+        "spec": {"replicas": replicas, "template": {"metadata": {"annotations": {}}}},
+        "status": {"observedGeneration": 2, **status},
+    }
+
+
+DONE: dict[str, Any] = {"replicas": 2, "updatedReplicas": 2, "availableReplicas": 2}
+
+
+@pytest.mark.parametrize(
+    ("obj", "busy"),
+    [
+        pytest.param(deployment(**DONE), False, id="done"),
+        pytest.param(deployment(generation=3, **DONE), True, id="spec-not-observed"),
+        pytest.param(deployment(replicas=2, updatedReplicas=1, availableReplicas=1), True, id="up"),
+        pytest.param(
+            deployment(replicas=3, updatedReplicas=2, availableReplicas=2), True, id="old"
+        ),
+        pytest.param(deployment(replicas=2, updatedReplicas=2, availableReplicas=1), True, id="av"),
+        pytest.param(
+            deployment(
+                replicas=1,
+                updatedReplicas=1,
+                conditions=[{"type": "Progressing", "reason": "ProgressDeadlineExceeded"}],
+            ),
+            False,
+            id="stuck-past-its-deadline",
+        ),
+        pytest.param(deployment(replicas=0), False, id="scaled-to-zero"),
+    ],
+)
+def test_deployment_progress(obj: dict[str, Any], busy: bool) -> None:
+    assert progressing(D, obj) is busy
+
+
+def test_statefulset_and_daemonset_progress() -> None:
+    sts = deployment(replicas=2, readyReplicas=2, currentRevision="a", updateRevision="a")
+    assert not progressing(WorkloadKind.STATEFULSET, sts)
+    sts["status"]["updateRevision"] = "b"
+    assert progressing(WorkloadKind.STATEFULSET, sts)
+    ds = deployment(desiredNumberScheduled=3, updatedNumberScheduled=3, numberAvailable=3)
+    assert not progressing(WorkloadKind.DAEMONSET, ds)
+    ds["status"]["numberAvailable"] = 2
+    assert progressing(WorkloadKind.DAEMONSET, ds)
+
+
+def test_only_opted_in_workloads_are_cached() -> None:
+    changes: list[tuple[Any, Any]] = []
+    cache = OptedIn(spec(D), lambda old, new: changes.append((old, new)))
+    parse = parser(D)
+    cache.put(REF, parse(deployment(**DONE)))
+    assert len(cache) == 1
+    plain = deployment(**DONE)
+    del plain["metadata"]["annotations"][ROLLOUT_ON]
+    cache.put(REF, parse(plain))  # the annotation removed: forgotten
+    assert len(cache) == 0
+    cache.put(Ref(D, "app", "other"), parse({**plain, "metadata": {**plain["metadata"]}}))
+    assert len(cache) == 0 and len(changes) == 2
+
+
+# --- the edge, over the in-memory API double -----------------------------------------------------
+
+
+async def test_rollouts_apply_once_record_an_event_and_count_it() -> None:
+    api = FakeApi()
+    store = Store(api)
+    metrics = Metrics()
+    writer = Writer(api, metrics=metrics)
+    queue: WorkQueue[Ref] = WorkQueue()
+    rollouts = Rollouts(store, writer, queue=queue, metrics=metrics, instance="test")
+    for c in (*store.caches, *rollouts.caches):
+        c.synced.set()
+        c.healthy.set()
+    grant = make_grant(namespaces=["app"], target_name="db")
+    desired = desired_of(grant, make_source())
+    copy = copy_from(desired, "app")
+    store.copies.put(copy.key, copy)
+    h1 = hash_prefix(copy.annotations[HASH_ANNOTATION])
+    obj = api.add(DEPLOYMENTS, deployment(**DONE))
+    cache = rollouts._by_kind[D]
+    cache.put(REF, cache.spec.parse(obj))
+
+    assert await rollouts.reconcile(REF)  # first sight: the baseline only
+    stored = api.get_object(DEPLOYMENTS, "app", "web")
+    assert stored is not None and stored["metadata"]["annotations"][B] == h1
+    assert stored["spec"]["template"]["metadata"]["annotations"] == {}
+    assert await rollouts.reconcile(REF)  # again: nothing to do
+    assert applies(api) == 1
+    while len(queue):  # what the puts above queued
+        queue.done(await queue.get())
+
+    changed = copy_from(desired_of(grant, make_source(data={"token": "dDE="})), "app")
+    store.copies.put(changed.key, changed)
+    assert len(queue) == 1  # the copy woke its reader
+    h2 = hash_prefix(changed.annotations[HASH_ANNOTATION])
+    assert await rollouts.reconcile(REF)
+    stored = api.get_object(DEPLOYMENTS, "app", "web")
+    assert stored is not None and stored["spec"]["template"]["metadata"]["annotations"] == {S: h2}
+    assert await rollouts.reconcile(REF)  # the write went through the cache: no second apply
+    assert applies(api) == 2
+    events = [o for (plural, _, _), o in api.objects.items() if plural == EVENTS.plural]
+    assert [e["reason"] for e in events] == ["RolloutStarted"]
+    assert events[0]["involvedObject"]["kind"] == "Deployment"
+    assert (
+        metrics.registry.get_sample_value(
+            "projector_rollouts_total", {"grant": "g", "namespace": "app"}
+        )
+        == 1
+    )
+
+
+def applies(api: FakeApi) -> int:
+    return sum(verb == "APPLY" for verb, _, _ in api.calls)
+
+
+def test_rollouts_are_off_unless_asked_and_their_window_is_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PROJECTOR_ROLLOUTS", raising=False)
+    cfg = config.parse([])
+    assert not cfg.rollouts and (cfg.rollout_debounce, cfg.rollout_debounce_max) == (2.0, 10.0)
+    cfg = config.parse(["--rollouts", "--rollout-debounce=500ms", "--rollout-debounce-max=3s"])
+    assert cfg.rollouts and (cfg.rollout_debounce, cfg.rollout_debounce_max) == (0.5, 3.0)
+    monkeypatch.setenv("PROJECTOR_ROLLOUTS", "true")
+    assert config.parse([]).rollouts
+    with pytest.raises(SystemExit):
+        config.parse(["--rollout-debounce=5s", "--rollout-debounce-max=1s"])
