@@ -121,20 +121,21 @@ def compute(plan: Plan, outcomes: Sequence[Outcome]) -> dict[str, Any]:
     failures = _failures(outcomes)
     errors = [o for o in outcomes if o.reason is Reason.WRITE_FAILED]
     source_ok = plan.source_state is SourceState.AVAILABLE and counts[Reason.KEY_MISSING] == 0
+    kind = grant.kind.value if grant is not None else "Secret"  # the source's, and its copies
     if plan.source_state is SourceState.AVAILABLE and counts[Reason.KEY_MISSING]:
         source_reason, source_msg = Reason.KEY_MISSING.value, "the source lacks a granted key"
     else:
         source_reason = plan.source_state.value
         source_msg = {
-            SourceState.AVAILABLE: "the source Secret is exported",
-            SourceState.NOT_EXPORTED: "the source Secret lacks the export label",
-            SourceState.MISSING: "the source Secret does not exist"
+            SourceState.AVAILABLE: f"the source {kind} is exported",
+            SourceState.NOT_EXPORTED: f"the source {kind} lacks the export label",
+            SourceState.MISSING: f"the source {kind} does not exist"
             + (
                 "; copies deleted"
                 if grant is not None and grant.on_source_deleted.value == "Delete"
                 else "; last good copies kept"
             ),
-            SourceState.UNKNOWN: "the source Secret could not be read",
+            SourceState.UNKNOWN: f"the source {kind} could not be read",
         }[plan.source_state]
     source = plan.snapshot.source
     if source is not None and source.ignored_export_to:
@@ -164,7 +165,7 @@ def compute(plan: Plan, outcomes: Sequence[Outcome]) -> dict[str, Any]:
             "Conflicted",
             conflicted > 0,
             Reason.CONFLICT.value if conflicted else "NoConflict",
-            f"{conflicted} namespace(s) hold a Secret this grant may not write",
+            f"{conflicted} namespace(s) hold a {kind} this grant may not write",
             generation,
         ),
     ]
