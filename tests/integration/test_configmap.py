@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import base64
 import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from kubernetes import client
@@ -220,3 +222,71 @@ def test_explain_and_validate_know_configmap_grants(
         assert v not in out.stdout + out.stderr
     checked = validate("grants/")
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+UNRELATED = 10_000
+EXPORTED = 1_000
+
+
+def create_config_maps(
+    core: client.CoreV1Api, namespace: str, prefix: str, n: int, labels: dict[str, str]
+) -> None:
+    body = {"x": "y" * 8192}  # 8 KiB of data each
+
+    def one(i: int) -> None:
+        meta = client.V1ObjectMeta(name=f"{prefix}-{i}", labels=labels or None)
+        core.create_namespaced_config_map(namespace, client.V1ConfigMap(metadata=meta, data=body))
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(one, range(n)))
+
+
+def test_unrelated_configmaps_cost_nothing(
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    controller: ControllerProcess,
+    record_property: Callable[[str, object], None],
+) -> None:
+    """10,000 ConfigMaps without the export label never reach the controller: its ConfigMap
+    informers see no event, and its RSS barely moves. Side by side, in the same process, 1,000
+    exported ConfigMaps (no export-to: consent to nobody) are seen, one event each, and cached.
+    Each holds 8 KiB of data.
+
+    RSS is VmRSS of the controller's process, read once it is idle before and after each
+    batch; the figures are printed and recorded as test properties.
+    """
+    src, a = make_namespace(), make_namespace()
+    k8s.config_source(src, "hub", DATA, export_to=a)
+    k8s.grant((src, "hub"), namespaces=[a], kind=CM)
+    eventually(lambda: k8s.config_data(a, "hub") == DATA)
+    eventually(controller.idle)
+
+    def events() -> float:
+        """Objects the ConfigMap informers received (not their OPEN/BOOKMARK/RELIST signs)."""
+        return sum(
+            controller.metric("projector_informer_events_total", kind=kind, type=type_)
+            for kind in ("configmap-sources", "configmap-copies")
+            for type_ in ("ADDED", "MODIFIED", "DELETED")
+        )
+
+    before_events, rss0 = events(), controller.rss_mib()
+    unrelated = make_namespace()
+    create_config_maps(k8s.core, unrelated, "u", UNRELATED, {})
+    eventually(controller.idle)
+    rss1, after_unrelated = controller.rss_mib(), events()
+    exported = make_namespace()
+    create_config_maps(k8s.core, exported, "e", EXPORTED, {"projector.nebari.dev/export": "true"})
+    eventually(lambda: events() - after_unrelated >= EXPORTED, timeout=120)
+    eventually(controller.idle)
+    rss2 = controller.rss_mib()
+    figures = {
+        "rss_before_mib": round(rss0, 1),
+        "rss_delta_10000_unrelated_mib": round(rss1 - rss0, 1),
+        "rss_delta_1000_exported_mib": round(rss2 - rss1, 1),
+        "informer_events_from_unrelated": after_unrelated - before_events,
+    }
+    for k, v in figures.items():
+        record_property(k, v)
+    print(f"\nConfigMap memory: {figures}")
+    assert after_unrelated == before_events, "an unrelated ConfigMap reached an informer"
+    assert rss1 - rss0 < 8, figures
