@@ -38,6 +38,7 @@ from tests.controlplane.plane import ControlPlane, ensure_binaries
 from tests.launcher import launch
 from tests.node.images import import_busybox_image
 from tests.node.node import SYNC_FREQUENCY, Node, ensure_node_binaries, missing_prerequisites
+from tests.node.pods import consumer_spec
 from tests.support import api_client, b64, eventually
 
 KEY = "password"
@@ -62,21 +63,7 @@ def consumer_pod(
     """A pod mounting ``secret`` at /etc/db; the path of its key as the container sees it."""
     body = client.V1Pod(
         metadata=client.V1ObjectMeta(name="consumer"),
-        spec=client.V1PodSpec(
-            termination_grace_period_seconds=0,
-            containers=[
-                client.V1Container(
-                    name="app",
-                    image=image,
-                    image_pull_policy="Never",
-                    command=["sleep", "100000"],
-                    volume_mounts=[client.V1VolumeMount(name="db", mount_path="/etc/db")],
-                )
-            ],
-            volumes=[
-                client.V1Volume(name="db", secret=client.V1SecretVolumeSource(secret_name=secret))
-            ],
-        ),
+        spec=consumer_spec(image, ["sleep", "100000"], secret, "/etc/db", container="app"),
     )
     core.create_namespaced_pod(namespace, body)
 

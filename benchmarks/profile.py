@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,23 +34,12 @@ from benchmarks.harness import (
 )
 from projector.api import GRANTS, SECRETS
 from projector.kube import Kube
-from tests.controlplane.plane import free_port
-from tests.launcher import REPO, ControllerProcess
+from tests.launcher import REPO, ControllerProcess, launch
 
 
 def start(kubeconfig: Path, log: Path, profile: Path | None, *flags: str) -> ControllerProcess:
-    port = free_port()
     prof = ["-m", "pyinstrument", "-r", "text", "-o", str(profile)] if profile else []
-    args = [sys.executable, *prof, "-m", "projector", "run", f"--kubeconfig={kubeconfig}"]
-    args += [
-        f"--http-port={port}",
-        "--http-host=127.0.0.1",
-        "--no-leader-elect",
-        "--log-level=warning",
-    ]
-    with log.open("wb") as out:
-        proc = subprocess.Popen([*args, *flags], stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
-    return ControllerProcess(proc, port, log, 0.0)
+    return launch(kubeconfig, log, "--log-level=warning", *flags, prefix=prof)
 
 
 async def one(

@@ -1,13 +1,14 @@
 """``docs/metrics.md``: every metric of the registry, its type, labels and meaning.
 
-Rendered from `metrics.METRICS`, the table the controller builds its registry from, so the page
+Rendered from `metrictable.METRICS`, the table the controller builds its registry from, so the page
 cannot list a metric the controller does not expose, nor miss one; the label values are read
 from a freshly built `Metrics` (with every informer bound), as they are created at 0.
 """
 
 from __future__ import annotations
 
-from projector.metrics import METRICS, Metrics
+from projector.metrics import Metrics
+from projector.metrictable import METRICS
 from projector.store import Kind
 
 _HEADER = """# Metrics reference
@@ -43,7 +44,7 @@ _OPEN = {
 
 
 def render() -> str:
-    """The page's Markdown: one row per entry of `metrics.METRICS`, in the registry's order."""
+    """The page's Markdown: one row per entry of `metrictable.METRICS`, in the registry's order."""
     built = Metrics()
     built.bind_informers([k.value for k in Kind], 180.0)
     families = {f.name: f for f in built.registry.collect()}

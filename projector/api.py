@@ -7,7 +7,7 @@ integration tests use the real API server. Nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -126,3 +126,13 @@ class Api(Protocol):
     async def apply(self, res: Resource, body: Obj, *, namespace: str, field_manager: str) -> Obj:
         """Server-side apply `body` (its metadata names the object) as `field_manager`, forced."""
         ...
+
+
+async def collect(pages: AsyncIterator[tuple[list[Obj], str]]) -> tuple[list[Obj], str]:
+    """Every object of a paged list at once, and the list's resourceVersion (for tools)."""
+    items: list[Obj] = []
+    version = ""
+    async for page, rv in pages:
+        items.extend(page)
+        version = rv
+    return items, version

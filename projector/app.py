@@ -21,7 +21,6 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import structlog
 from aiohttp import web
@@ -39,7 +38,7 @@ from projector.metrics import Metrics
 from projector.queue import WorkQueue
 from projector.recorder import Recorder
 from projector.rollout import Ref, Rollouts
-from projector.store import Cache, Store
+from projector.store import Store
 from projector.tracing import configure_tracing, spans_exported
 from projector.writer import Writer
 
@@ -53,102 +52,131 @@ DRAIN_SECONDS = 5.0
 async def run(
     cfg: Config, *, stop: asyncio.Event | None = None, metrics: Metrics | None = None
 ) -> None:
-    """Run the controller until `stop` is set or a signal arrives."""
-    metrics = metrics or Metrics()
+    """Run the controller until `stop` is set or a signal arrives: build, run, stop."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    elector: Elector | None = None
-    lease_api: Kube | None = None
-    if cfg.leader_elect:  # its own session, outside the write rate limit: renewals never queue
-        bound = cfg.lease.retry_period * 0.75  # no lease request outlives its turn
-        lease_api = await Kube.connect(
+    process = await Process.build(cfg, metrics or Metrics())
+    await process.open_port()
+    task = asyncio.create_task(process.serve(), name="controller")
+    stopper = asyncio.create_task(stop.wait(), name="stop")
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await process.shut_down(task, stopper)
+    if task.done() and not task.cancelled() and (err := task.exception()) is not None:
+        while isinstance(err, BaseExceptionGroup):  # TaskGroup wraps: report the first cause
+            err = err.exceptions[0]
+        raise err
+
+
+class Process:
+    """Every part of one controller process, built once (`build`), run (`serve`), stopped."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        metrics: Metrics,
+        kube: Kube,
+        elector: Elector | None,
+        lease_api: Kube | None,
+    ) -> None:
+        self.cfg, self.metrics, self.kube = cfg, metrics, kube
+        self.elector, self.lease_api = elector, lease_api
+        fence = elector.valid_for if elector is not None else None
+        self.store = store = Store(kube)
+        self.behind = False
+        """Some cache was behind the server (a failed list or watch, a relist) since the last
+        time every cache was current."""
+        self.queue: WorkQueue[str] = WorkQueue(
+            debounce=cfg.debounce,
+            debounce_max=cfg.debounce_max,
+            debounce_hot_max=cfg.debounce_hot_max,
+            on_event=metrics.on_queue_event,
+        )
+        metrics.bind_queue(self.queue)
+        tracer = configure_tracing(metrics=metrics)
+        writer = Writer(
+            kube,
+            metrics=metrics,
+            tracer=tracer if spans_exported() else None,  # the reconcile's span carries trace ids
+            concurrency=cfg.write_concurrency,
+            fence=fence,
+        )
+        self.rollouts: Rollouts | None = None
+        caches = list(store.caches)
+        if cfg.rollouts:  # off: no workload is even listed
+            rollout_queue: WorkQueue[Ref] = WorkQueue(
+                debounce=cfg.rollout_debounce, debounce_max=cfg.rollout_debounce_max
+            )
+            self.rollouts = Rollouts(
+                store, writer, queue=rollout_queue, metrics=metrics, instance=cfg.id
+            )
+            caches += self.rollouts.caches
+        self.informers = [
+            Informer(
+                kube,
+                c,
+                on_event=self._on_informer_event,
+                timeout_seconds=cfg.watch_timeout,
+                read_deadline=cfg.informer_stall_after / 2,
+            )
+            for c in caches
+        ]
+        metrics.bind_informers((i.name for i in self.informers), cfg.informer_stall_after)
+        self.controller = Controller(
+            store,
+            config=cfg,
+            metrics=metrics,
+            queue=self.queue,
+            writer=writer,
+            recorder=Recorder(writer, cfg.id),
+            tracer=tracer,
+            rollouts=self.rollouts,
+        )
+        self.tasks: list[asyncio.Task[None]] = []
+        """The tasks that run for the life of the process: if one ends, the process is wedged."""
+        self.workers: list[asyncio.Task[None]] = []
+        """The workers of the current leadership term (none while following)."""
+        self.runner = web.AppRunner(
+            http_app(metrics, alive=self.alive, ready=self.ready), access_log=None
+        )
+
+    @classmethod
+    async def build(cls, cfg: Config, metrics: Metrics) -> Process:
+        """Connect to the API server (and, electing, a second session for the Lease)."""
+        elector: Elector | None = None
+        lease_api: Kube | None = None
+        if cfg.leader_elect:  # its own session, outside the write rate limit: renewals never queue
+            bound = cfg.lease.retry_period * 0.75  # no lease request outlives its turn
+            lease_api = await Kube.connect(
+                cfg.kubeconfig,
+                on_request=metrics.on_request,
+                identity=cfg.id,
+                timeout=bound,
+                connect_timeout=bound / 2,
+                read_timeout=bound,
+            )
+            elector = Elector(
+                lease_api,
+                namespace=cfg.namespace,
+                identity=cfg.id,
+                metrics=metrics,
+                timings=cfg.lease,
+            )
+        kube = await Kube.connect(
             cfg.kubeconfig,
+            qps=cfg.qps,
+            burst=cfg.burst,
             on_request=metrics.on_request,
             identity=cfg.id,
-            timeout=bound,
-            connect_timeout=bound / 2,
-            read_timeout=bound,
+            fence=elector.valid_for if elector is not None else None,
         )
-        elector = Elector(
-            lease_api, namespace=cfg.namespace, identity=cfg.id, metrics=metrics, timings=cfg.lease
-        )
-    fence = elector.valid_for if elector is not None else None
-    kube = await Kube.connect(
-        cfg.kubeconfig,
-        qps=cfg.qps,
-        burst=cfg.burst,
-        on_request=metrics.on_request,
-        identity=cfg.id,
-        fence=fence,
-    )
-    store = Store(kube)
+        return cls(cfg, metrics, kube, elector, lease_api)
 
-    behind = [False]
-    """Some cache was behind the server (a failed list or watch, a relist) since the last time
-    every cache was current."""
-
-    def on_informer_event(kind: str, type_: str) -> None:
-        metrics.on_informer_event(kind, type_)
-        if type_ in ("ERROR", "RELIST"):
-            behind[0] = True
-        if type_ in ("OPEN", "RELIST") and elector is not None:
-            elector.nudge()  # the server answers again: campaign now, not at the next turn
-        if type_ == "OPEN" and behind[0] and store.healthy():
-            behind[0] = False
-            if workers:  # the grants that waited on a cache run now, not when their backoff ends
-                controller.resync()
-
-    def informer(c: Cache[Any, Any]) -> Informer[Any, Any]:
-        return Informer(
-            kube,
-            c,
-            on_event=on_informer_event,
-            timeout_seconds=cfg.watch_timeout,
-            read_deadline=cfg.informer_stall_after / 2,
-        )
-
-    informers = [informer(c) for c in store.caches]
-    queue: WorkQueue[str] = WorkQueue(
-        debounce=cfg.debounce,
-        debounce_max=cfg.debounce_max,
-        debounce_hot_max=cfg.debounce_hot_max,
-        on_event=metrics.on_queue_event,
-    )
-    metrics.bind_queue(queue)
-    tracer = configure_tracing(metrics=metrics)
-    writer = Writer(
-        kube,
-        metrics=metrics,
-        tracer=tracer if spans_exported() else None,  # the reconcile's span carries trace ids
-        concurrency=cfg.write_concurrency,
-        fence=fence,
-    )
-    rollouts = None
-    if cfg.rollouts:  # off: no workload is even listed
-        rollout_queue: WorkQueue[Ref] = WorkQueue(
-            debounce=cfg.rollout_debounce, debounce_max=cfg.rollout_debounce_max
-        )
-        rollouts = Rollouts(store, writer, queue=rollout_queue, metrics=metrics, instance=cfg.id)
-        informers += [informer(c) for c in rollouts.caches]
-    caches = [i.cache for i in informers]
-    metrics.bind_informers((i.name for i in informers), cfg.informer_stall_after)
-    controller = Controller(
-        store,
-        config=cfg,
-        metrics=metrics,
-        queue=queue,
-        writer=writer,
-        recorder=Recorder(writer, cfg.id),
-        tracer=tracer,
-        rollouts=rollouts,
-    )
-    tasks: list[asyncio.Task[None]] = []
-    """The tasks that run for the life of the process: if one ends, the process is wedged."""
-
-    def alive() -> bool:
+    def alive(self) -> bool:
         """Not wedged: every long-lived task runs, and every informer steps (or retries).
 
         The event loop answering this request is the first half. An informer that retries an
@@ -156,32 +184,59 @@ async def run(
         than `informer_dead_after` is not (its RBAC or CRD is gone: a restart at least says so).
         """
         now = time.monotonic()
-        limit = cfg.informer_dead_after
+        limit = self.cfg.informer_dead_after
+        informers = self.informers
         refused = any(i.refused_since and now - i.refused_since > limit for i in informers)
         wedged = any(i.wedged() for i in informers)
-        return not refused and not wedged and all(not t.done() for t in tasks)
+        return not refused and not wedged and all(not t.done() for t in self.tasks)
 
-    def ready() -> bool:
+    def ready(self) -> bool:
         """Every cache has synced and none is known to be behind the server right now."""
-        return all(c.synced.is_set() and c.healthy.is_set() for c in caches)
+        return all(i.cache.synced.is_set() and i.cache.healthy.is_set() for i in self.informers)
 
-    runner = web.AppRunner(http_app(metrics, alive=alive, ready=ready), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, cfg.http_host, cfg.http_port)
-    await site.start()
-    log.info("started", http=site.name, id=cfg.id, workers=cfg.workers, leader_elect=bool(elector))
-    workers: list[asyncio.Task[None]] = []
-    """The workers of the current leadership term (none while following)."""
+    def _on_informer_event(self, kind: str, type_: str) -> None:
+        self.metrics.on_informer_event(kind, type_)
+        if type_ in ("ERROR", "RELIST"):
+            self.behind = True
+        if type_ in ("OPEN", "RELIST") and self.elector is not None:
+            self.elector.nudge()  # the server answers again: campaign now, not at the next turn
+        if type_ == "OPEN" and self.behind and self.store.healthy():
+            self.behind = False
+            if self.workers:  # the grants that waited on a cache run now, not when backoff ends
+                self.controller.resync()
 
-    def requeue_interrupted() -> None:
-        """Keys whose reconcile was cancelled with its term are queued for the next one."""
-        for q in (queue, *((rollouts.queue,) if rollouts else ())):
-            for key in list(q.processing):
-                q.done(key)
-                q.add_now(key)
+    async def open_port(self) -> None:
+        """The HTTP port first, so /healthz answers while the caches sync."""
+        cfg = self.cfg
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, cfg.http_host, cfg.http_port)
+        await site.start()
+        leader_elect = self.elector is not None
+        log.info(
+            "started", http=site.name, id=cfg.id, workers=cfg.workers, leader_elect=leader_elect
+        )
 
-    async def lead(tg: asyncio.TaskGroup, elector: Elector) -> None:
+    async def serve(self) -> None:
+        """Informers (and the elector), then, once every cache is synced, the workers."""
+        elector, tasks = self.elector, self.tasks
+        async with asyncio.TaskGroup() as tg:
+            tasks.extend(tg.create_task(i.run(), name=f"informer-{i.name}") for i in self.informers)
+            if elector is not None:
+                tasks.append(tg.create_task(elector.run(), name="elector"))
+            caches = [i.cache for i in self.informers]
+            await asyncio.gather(*(c.synced.wait() for c in caches))
+            log.info("caches synced", **{c.spec.kind.value: len(c) for c in caches})
+            if elector is not None:  # a hot standby until it leads: synced, ready, waiting
+                tasks.append(tg.create_task(self._lead(tg, elector), name="leadership"))
+            else:
+                self.metrics.leading(True)
+                self.controller.resync()
+                self.workers.append(tg.create_task(self.controller.run(), name="workers"))
+                tasks.append(self.workers[0])
+
+    async def _lead(self, tg: asyncio.TaskGroup, elector: Elector) -> None:
         """Run workers while this replica leads; stop them, caches kept, when it stops."""
+        controller, workers = self.controller, self.workers
         while True:
             await elector.leading.wait()
             controller.resync()  # every grant, from the warm caches
@@ -198,49 +253,35 @@ async def run(
             with contextlib.suppress(asyncio.CancelledError):
                 await term
             workers.clear()
-            requeue_interrupted()
+            self._requeue_interrupted()
             log.info("workers stopped; caches kept warm", term=elector.terms)
 
-    async def serve() -> None:
-        async with asyncio.TaskGroup() as tg:
-            tasks.extend(tg.create_task(i.run(), name=f"informer-{i.name}") for i in informers)
-            if elector is not None:
-                tasks.append(tg.create_task(elector.run(), name="elector"))
-            await asyncio.gather(*(c.synced.wait() for c in caches))
-            log.info("caches synced", **{c.spec.kind.value: len(c) for c in caches})
-            if elector is not None:  # a hot standby until it leads: synced, ready, waiting
-                tasks.append(tg.create_task(lead(tg, elector), name="leadership"))
-            else:
-                metrics.leading(True)
-                controller.resync()
-                workers.append(tg.create_task(controller.run(), name="workers"))
-                tasks.append(workers[0])
+    def _requeue_interrupted(self) -> None:
+        """Keys whose reconcile was cancelled with its term are queued for the next one."""
+        rollouts = (self.rollouts.queue,) if self.rollouts is not None else ()
+        for queue in (self.queue, *rollouts):
+            for key in list(queue.processing):
+                queue.done(key)
+                queue.add_now(key)
 
-    task = asyncio.create_task(serve(), name="controller")
-    stopper = asyncio.create_task(stop.wait(), name="stop")
-    try:
-        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        controller.stop()
-        if workers and not task.done():
-            await asyncio.wait(workers, timeout=DRAIN_SECONDS)
+    async def shut_down(self, task: asyncio.Task[None], stopper: asyncio.Task[bool]) -> None:
+        """Drain the reconciles under way, cancel `serve`'s task, release the Lease, close all."""
+        self.controller.stop()
+        if self.workers and not task.done():
+            await asyncio.wait(self.workers, timeout=DRAIN_SECONDS)
         for t in (task, stopper):
             t.cancel()
         for t in (task, stopper):
             with contextlib.suppress(asyncio.CancelledError):
                 await t
-        if elector is not None:
-            await elector.release()
-        if lease_api is not None:
-            await lease_api.close()
-        await runner.cleanup()
-        await kube.close()
-        metrics.leading(False)
+        if self.elector is not None:
+            await self.elector.release()
+        if self.lease_api is not None:
+            await self.lease_api.close()
+        await self.runner.cleanup()
+        await self.kube.close()
+        self.metrics.leading(False)
         log.info("stopped")
-    if task.done() and not task.cancelled() and (err := task.exception()) is not None:
-        while isinstance(err, BaseExceptionGroup):  # TaskGroup wraps: report the first cause
-            err = err.exceptions[0]
-        raise err
 
 
 def main(argv: Sequence[str] | None = None) -> int:

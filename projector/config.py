@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,69 +102,91 @@ def seconds(text: str) -> float:
     return float(text)
 
 
-def parse(argv: Sequence[str] | None = None) -> Config:
-    """Parse `projector run` flags; each flag also reads PROJECTOR_<FLAG> from the environment."""
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One flag of `projector run` that sets the `Config` (or lease `Timings`) field it names.
+
+    Its default is the field's, overridden by PROJECTOR_<FIELD> from the environment.
+    """
+
+    name: str
+    type: Callable[[str], Any]
+    help: str | None = None
+
+    @property
+    def field(self) -> str:
+        """The field it sets: `--write-concurrency` sets `write_concurrency`."""
+        return self.name.removeprefix("--").replace("-", "_")
+
+    def add(self, parser: argparse.ArgumentParser, default: object) -> None:
+        """Add it to `parser`, its default read from the environment first."""
+        text = f"{default:g}s" if self.type is seconds else str(default)
+        value = self.type(_env(self.field.upper(), text))
+        parser.add_argument(self.name, type=self.type, default=value, help=self.help)
+
+
+_LEASE_FLAGS = (
+    Flag("--lease-duration", seconds, "e.g. 15s"),
+    Flag("--renew-deadline", seconds, "e.g. 15s"),
+    Flag("--retry-period", seconds, "e.g. 15s"),
+)
+
+FLAGS = (
+    Flag("--namespace", str),
+    Flag("--http-port", int),
+    Flag("--http-host", str),
+    Flag("--workers", int),
+    Flag("--write-concurrency", int),
+    Flag("--debounce", float, "trailing debounce window in seconds"),
+    Flag("--debounce-max", float, "maximum wait of a debounced key in seconds"),
+    Flag(
+        "--debounce-hot-max",
+        float,
+        "maximum wait of a key that keeps changing (its wait doubles from --debounce-max)",
+    ),
+    Flag("--qps", float),
+    Flag("--burst", int),
+    Flag("--watch-timeout", int, "server-side timeout of one watch request in seconds"),
+    Flag(
+        "--informer-stall-after",
+        seconds,
+        "silence after which an informer counts as stalled, e.g. 3m",
+    ),
+    Flag(
+        "--resync-period",
+        seconds,
+        "reconcile every grant again this often, jittered, e.g. 10m; 0 turns it off",
+    ),
+    Flag(
+        "--rollout-debounce",
+        seconds,
+        "trailing window that collapses a burst of copy changes into one rollout, e.g. 2s",
+    ),
+    Flag(
+        "--rollout-debounce-max",
+        seconds,
+        "longest a rollout waits after the first copy change it follows, e.g. 10s",
+    ),
+    Flag("--log-level", str),
+    Flag(
+        "--informer-dead-after",
+        seconds,
+        "how long the API server may refuse an informer (401/403/404) before /healthz "
+        "fails, e.g. 120s (an unreachable server never fails it)",
+    ),
+)
+"""The flags that set one `Config` field each (besides --kubeconfig, --leader-elect, --id)."""
+
+
+def parser() -> argparse.ArgumentParser:
+    """The `projector run` flags, defaults from the environment, then from `Config`."""
     d = Config()
     p = argparse.ArgumentParser(prog="projector run", description="Run the projector controller.")
     p.add_argument("--kubeconfig", default=os.environ.get("PROJECTOR_KUBECONFIG") or None)
-    p.add_argument("--namespace", default=_env("NAMESPACE", d.namespace))
-    p.add_argument("--http-port", type=int, default=int(_env("HTTP_PORT", str(d.http_port))))
-    p.add_argument("--http-host", default=_env("HTTP_HOST", d.http_host))
-    p.add_argument("--workers", type=int, default=int(_env("WORKERS", str(d.workers))))
-    p.add_argument(
-        "--write-concurrency",
-        type=int,
-        default=int(_env("WRITE_CONCURRENCY", str(d.write_concurrency))),
-    )
-    p.add_argument(
-        "--debounce",
-        type=float,
-        default=float(_env("DEBOUNCE", str(d.debounce))),
-        help="trailing debounce window in seconds",
-    )
-    p.add_argument(
-        "--debounce-max",
-        type=float,
-        default=float(_env("DEBOUNCE_MAX", str(d.debounce_max))),
-        help="maximum wait of a debounced key in seconds",
-    )
-    p.add_argument(
-        "--debounce-hot-max",
-        type=float,
-        default=float(_env("DEBOUNCE_HOT_MAX", str(d.debounce_hot_max))),
-        help="maximum wait of a key that keeps changing (its wait doubles from --debounce-max)",
-    )
-    p.add_argument("--qps", type=float, default=float(_env("QPS", str(d.qps))))
-    p.add_argument("--burst", type=int, default=int(_env("BURST", str(d.burst))))
     p.add_argument(
         "--leader-elect",
         action=argparse.BooleanOptionalAction,
         default=_env("LEADER_ELECT", "true").lower() in ("1", "true", "yes"),
-    )
-    for flag, default in (
-        ("lease-duration", d.lease.lease_duration),
-        ("renew-deadline", d.lease.renew_deadline),
-        ("retry-period", d.lease.retry_period),
-    ):
-        env = _env(flag.upper().replace("-", "_"), f"{default:g}s")
-        p.add_argument(f"--{flag}", type=seconds, default=seconds(env), help="e.g. 15s")
-    p.add_argument(
-        "--watch-timeout",
-        type=int,
-        default=int(_env("WATCH_TIMEOUT", str(d.watch_timeout))),
-        help="server-side timeout of one watch request in seconds",
-    )
-    p.add_argument(
-        "--informer-stall-after",
-        type=seconds,
-        default=seconds(_env("INFORMER_STALL_AFTER", f"{d.informer_stall_after:g}s")),
-        help="silence after which an informer counts as stalled, e.g. 3m",
-    )
-    p.add_argument(
-        "--resync-period",
-        type=seconds,
-        default=seconds(_env("RESYNC_PERIOD", f"{d.resync_period:g}s")),
-        help="reconcile every grant again this often, jittered, e.g. 10m; 0 turns it off",
     )
     p.add_argument(
         "--rollouts",
@@ -171,27 +194,17 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         default=_env("ROLLOUTS", "false").lower() in ("1", "true", "yes"),
         help="roll workloads that opt in with projector.nebari.dev/rollout-on (default off)",
     )
-    p.add_argument(
-        "--rollout-debounce",
-        type=seconds,
-        default=seconds(_env("ROLLOUT_DEBOUNCE", f"{d.rollout_debounce:g}s")),
-        help="trailing window that collapses a burst of copy changes into one rollout, e.g. 2s",
-    )
-    p.add_argument(
-        "--rollout-debounce-max",
-        type=seconds,
-        default=seconds(_env("ROLLOUT_DEBOUNCE_MAX", f"{d.rollout_debounce_max:g}s")),
-        help="longest a rollout waits after the first copy change it follows, e.g. 10s",
-    )
     p.add_argument("--id", default=_env("ID", "") or socket.gethostname())
-    p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level))
-    p.add_argument(
-        "--informer-dead-after",
-        type=seconds,
-        default=seconds(_env("INFORMER_DEAD_AFTER", f"{d.informer_dead_after:g}s")),
-        help="how long the API server may refuse an informer (401/403/404) before /healthz "
-        "fails, e.g. 120s (an unreachable server never fails it)",
-    )
+    for flag in FLAGS:
+        flag.add(p, getattr(d, flag.field))
+    for flag in _LEASE_FLAGS:
+        flag.add(p, getattr(d.lease, flag.field))
+    return p
+
+
+def parse(argv: Sequence[str] | None = None) -> Config:
+    """Parse `projector run` flags; each flag also reads PROJECTOR_<FLAG> from the environment."""
+    p = parser()
     a = p.parse_args(argv)
     if a.workers < 1 or a.write_concurrency < 1:
         p.error("--workers and --write-concurrency must be at least 1")
@@ -206,30 +219,15 @@ def parse(argv: Sequence[str] | None = None) -> Config:
     if not a.id:
         p.error("--id must not be empty")
     try:
-        lease = Timings(a.lease_duration, a.renew_deadline, a.retry_period)
+        lease = Timings(*(getattr(a, f.field) for f in _LEASE_FLAGS))
     except ValueError as e:
         p.error(str(e))
+    fields = {f.field: getattr(a, f.field) for f in FLAGS}
     return Config(
         kubeconfig=a.kubeconfig,
-        namespace=a.namespace,
-        http_port=a.http_port,
-        http_host=a.http_host,
-        workers=a.workers,
-        write_concurrency=a.write_concurrency,
-        debounce=a.debounce,
-        debounce_max=a.debounce_max,
-        debounce_hot_max=a.debounce_hot_max,
-        qps=a.qps,
-        burst=a.burst,
         leader_elect=a.leader_elect,
         id=a.id,
         lease=lease,
-        log_level=a.log_level,
-        informer_dead_after=a.informer_dead_after,
-        watch_timeout=a.watch_timeout,
-        informer_stall_after=a.informer_stall_after,
-        resync_period=a.resync_period,
         rollouts=a.rollouts,
-        rollout_debounce=a.rollout_debounce,
-        rollout_debounce_max=a.rollout_debounce_max,
+        **fields,
     )

@@ -26,8 +26,6 @@ load balancer). The Lease's session is built with timeouts a fraction of the ret
 
 from __future__ import annotations
 
-import asyncio
-import socket
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
@@ -38,14 +36,13 @@ import structlog
 from kr8s._auth import KubeAuth
 from yarl import URL
 
-from projector import __version__
-from projector.api import Obj, Resource
+from projector import __version__, wire
+from projector.api import Obj, Resource, collect
+from projector.connection import IDLE_RECYCLE, POOL, TokenBucket, tcp_socket
 from projector.errors import (
-    ApiError,
     AuthenticationFailed,
     ProjectorError,
     ServerError,
-    api_error,
 )
 from projector.model import FIELD_MANAGER
 
@@ -57,61 +54,6 @@ REAUTH_BACKOFF = (1.0, 60.0)
 _JSON = "application/json"
 _METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 _METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
-POOL = 100
-"""Connections kept to the API server (HTTP/1.1: one per request in flight, one per watch)."""
-IDLE_RECYCLE = 2.0
-"""Seconds an idle pooled connection is kept for reuse. A busy controller reuses connections
-within milliseconds; one idle longer may have died behind a network fault, and a new connection
-costs a TLS handshake (a few ms on loopback), not a request stuck until its read timeout."""
-KEEPALIVE = (5, 2, 3)
-"""TCP keepalive: first probe after 5 s idle, then every 2 s, dropped after 3 unanswered."""
-USER_TIMEOUT_MS = 10_000
-"""TCP_USER_TIMEOUT: data unacknowledged this long closes the connection (Linux)."""
-
-
-def _socket(addr_info: tuple[Any, ...]) -> socket.socket:
-    """The socket factory given to aiohttp: a TCP socket that notices a peer gone silent."""
-    family, type_, proto, _, _ = addr_info
-    sock = socket.socket(family=family, type=type_, proto=proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    idle, interval, count = KEEPALIVE
-    for name, value in (
-        ("TCP_KEEPIDLE", idle),
-        ("TCP_KEEPINTVL", interval),
-        ("TCP_KEEPCNT", count),
-        ("TCP_USER_TIMEOUT", USER_TIMEOUT_MS),
-    ):
-        option = getattr(socket, name, None)
-        if option is not None:  # Linux has all four; others keep the kernel's defaults
-            sock.setsockopt(socket.IPPROTO_TCP, option, value)
-    return sock
-
-
-class TokenBucket:
-    """Client-side rate limit (client-go's qps/burst), so one controller cannot flood the server."""
-
-    def __init__(self, qps: float, burst: int) -> None:
-        self.qps = qps
-        self.burst = max(1, burst)
-        self._tokens = float(self.burst)
-        self._last = time.monotonic()
-        self._lock = asyncio.Lock()
-
-    async def acquire(self) -> None:
-        """Wait for a token; qps <= 0 means unlimited."""
-        if self.qps <= 0:
-            return
-        async with self._lock:
-            now = time.monotonic()
-            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.qps)
-            self._last = now
-            if self._tokens < 1:
-                await asyncio.sleep((1 - self._tokens) / self.qps)
-                self._tokens = 1
-                self._last = time.monotonic()
-            self._tokens -= 1
-
-
 RequestHook = Callable[[str, str, int, float], None]
 """Called after each request with (verb, resource plural, status code (0 = no response),
 seconds it took; a watch's seconds are those until its response headers)."""
@@ -154,7 +96,7 @@ class Kube:
         """Names the replica in the API server's audit log: who wrote what, after which lease."""
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
-                limit=POOL, ssl=ssl, keepalive_timeout=IDLE_RECYCLE, socket_factory=_socket
+                limit=POOL, ssl=ssl, keepalive_timeout=IDLE_RECYCLE, socket_factory=tcp_socket
             ),
             headers={"User-Agent": self._user_agent},
             skip_auto_headers=("Accept-Encoding",),
@@ -243,7 +185,7 @@ class Kube:
                     timeout=timeout,
                     server_hostname=self._server_name,
                 ) as response:
-                    status, raw = response.status, await _read(response)
+                    status, raw = response.status, await wire.read_body(response)
                     retry_after = response.headers.get("Retry-After")
             except (aiohttp.ClientError, TimeoutError, OSError) as e:
                 self._record(verb, res, 0, started)
@@ -253,7 +195,7 @@ class Kube:
                 await self._reauthenticate()
                 continue
             if status >= 400:
-                raise _from_body(status, raw, retry_after)
+                raise wire.from_body(status, raw, retry_after)
             try:
                 return orjson.loads(raw) if raw else {}
             except orjson.JSONDecodeError as e:
@@ -319,7 +261,7 @@ class Kube:
             )
             meta = out.get("metadata") or {}
             if not str(out.get("kind", "")).endswith("List") or not meta.get("resourceVersion"):
-                raise _incomplete(f"a {res.kind} list")  # never "nothing is there"
+                raise wire.incomplete(f"a {res.kind} list")  # never "nothing is there"
             page: list[Obj] = out.get("items") or []  # an empty list may say `"items": null`
             del out
             yield page, str(meta["resourceVersion"])
@@ -328,32 +270,12 @@ class Kube:
                 return
             params["continue"] = meta["continue"]
 
-    async def list(
-        self,
-        res: Resource,
-        *,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        metadata_only: bool = False,
-        limit: int = 500,
-    ) -> tuple[list[Obj], str]:
-        """Every object at once, and the list's resourceVersion.
+    async def list(self, res: Resource, **pages: Any) -> tuple[list[Obj], str]:
+        """Every object at once, and the list's resourceVersion (`pages`' keyword arguments).
 
         For tools and benchmarks: the controller reads lists with `pages`.
         """
-        items: list[Obj] = []
-        rv = ""
-        pages = self.pages(
-            res,
-            namespace=namespace,
-            label_selector=label_selector,
-            metadata_only=metadata_only,
-            limit=limit,
-        )
-        async for page, version in pages:
-            items.extend(page)
-            rv = version
-        return items, rv
+        return await collect(self.pages(res, **pages))
 
     async def watch(
         self,
@@ -397,9 +319,9 @@ class Kube:
                     raw = await response.read()
                     if response.status == 401:
                         await self._reauthenticate()  # the informer retries with the new token
-                    raise _from_body(response.status, raw, response.headers.get("Retry-After"))
+                    raise wire.from_body(response.status, raw, response.headers.get("Retry-After"))
                 yield "OPEN", {}
-                async for event in _lines(response.content):
+                async for event in wire.watch_lines(response.content):
                     yield event
                     del event  # not alive while the next event is read
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
@@ -412,7 +334,7 @@ class Kube:
         """Read one object; metadata-only never transfers a Secret's data."""
         accept = _METADATA_ONLY if metadata_only else _JSON
         out = await self._request("GET", "GET", res, namespace=namespace, name=name, accept=accept)
-        return _whole(out, res)
+        return wire.whole(out, res)
 
     async def create(
         self,
@@ -519,97 +441,3 @@ class Kube:
     async def close(self) -> None:
         """Close the HTTP session."""
         await self._session.close()
-
-
-def _incomplete(what: str) -> ServerError:
-    return ServerError(0, "IncompleteResponse", f"{what} came back without its metadata")
-
-
-def _whole(obj: Obj, res: Resource) -> Obj:
-    """An object read back, checked to say what it is.
-
-    A 200 with an empty or partial body is an error (retried, never acted on), not evidence
-    that the object lacks labels or data: the seed's outage began with such a "success".
-    """
-    meta = obj.get("metadata") or {}
-    if not meta.get("name") or not meta.get("uid"):
-        raise _incomplete(f"a {res.kind}")
-    return obj
-
-
-async def _read(response: aiohttp.ClientResponse) -> bytearray:
-    """A whole response body, grown in place as it arrives.
-
-    aiohttp's `read()` keeps every chunk until the end and joins them into a second copy: a
-    page of 1 MiB Secrets would briefly be held twice before it is even parsed.
-    """
-    body = bytearray()
-    async for chunk in response.content.iter_any():
-        body += chunk
-    return body
-
-
-async def _lines(content: aiohttp.StreamReader) -> AsyncGenerator[tuple[str, Obj], None]:
-    """The events of a watch stream, one JSON line each, whatever their size.
-
-    aiohttp's readline refuses lines over 128 KiB, so chunks are split here: the parts of a
-    line are kept as a list and joined once (linear, where `buffer += chunk` copied a 1 MiB
-    event again for every chunk), and nothing of an event is held once it is decoded.
-    """
-    parts: list[bytes] = []
-    async for chunk in content.iter_any():
-        start = 0
-        while (end := chunk.find(b"\n", start)) >= 0:
-            parts.append(chunk[start:end])
-            line = b"".join(parts)
-            parts.clear()
-            start = end + 1
-            if line.strip():
-                event = _event(line)
-                del line
-                yield event
-                del event
-        if start < len(chunk):
-            parts.append(chunk[start:] if start else chunk)
-
-
-def _event(line: bytes) -> tuple[str, Obj]:
-    try:
-        event = orjson.loads(line)
-    except orjson.JSONDecodeError as e:
-        raise ServerError(0, "BadWatchEvent", "undecodable watch event") from e
-    kind, obj = event.get("type", ""), event.get("object") or {}
-    if kind == "ERROR":
-        raise _from_status(obj)
-    return kind, obj
-
-
-def _causes(status: Mapping[str, Any]) -> tuple[str, ...]:
-    details = status.get("details") or {}
-    return tuple(str(c.get("reason", "")) for c in details.get("causes") or () if c)
-
-
-def _from_status(status: Mapping[str, Any], code: int = 0, retry_after: float = 1.0) -> ApiError:
-    """Map a metav1.Status (from a body or an in-stream watch ERROR) to our error tree."""
-    return api_error(
-        code or int(status.get("code") or 0),
-        str(status.get("reason", "")),
-        str(status.get("message", "")),
-        _causes(status),
-        retry_after,
-    )
-
-
-def _from_body(code: int, raw: bytes | bytearray, retry_after: str | None) -> ApiError:
-    """The error an HTTP status and its body (a metav1.Status, or anything) stand for."""
-    try:
-        status = orjson.loads(raw) if raw else {}
-    except orjson.JSONDecodeError:
-        status = {}
-    if not isinstance(status, dict):
-        status = {}
-    try:
-        delay = max(0.0, float(retry_after)) if retry_after else 1.0
-    except ValueError:
-        delay = 1.0
-    return _from_status(status, code, delay)

@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Any, NamedTuple, NewType
 
 from projector.errors import InvalidGrant
+from projector.names import is_label, is_label_value, is_qualified_name, is_secret_key, is_subdomain
 
 GROUP = "projector.nebari.dev"
 VERSION = "v1alpha1"
@@ -217,51 +218,7 @@ class Copy:
 
 # --- parsing ------------------------------------------------------------------------------------
 
-_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}")
 _OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
-_QUALIFIED_NAME = re.compile(
-    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-)
-_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?")
-
-
-def _is_label(value: object) -> bool:
-    return isinstance(value, str) and _DNS1123_LABEL.fullmatch(value) is not None
-
-
-def is_subdomain(value: object) -> bool:
-    """A DNS-1123 subdomain: what the API server accepts as an object name."""
-    return (
-        isinstance(value, str)
-        and len(value) <= 253
-        and _DNS1123_SUBDOMAIN.fullmatch(value) is not None
-    )
-
-
-def _is_secret_key(value: object) -> bool:
-    return (
-        isinstance(value, str)
-        and value != "."
-        and not value.startswith("..")  # the API server reserves these (IsConfigMapKey)
-        and _SECRET_KEY.fullmatch(value) is not None
-    )
-
-
-def is_qualified_name(value: object) -> bool:
-    """A label or annotation key as the API server accepts it (the CRD's rule, re-checked)."""
-    return (
-        isinstance(value, str)
-        and _QUALIFIED_NAME.fullmatch(value) is not None
-        and len(value.split("/")[0]) <= 253
-    )
-
-
-def is_label_value(value: object) -> bool:
-    """A label value as the API server accepts it: at most 63 characters, may be empty."""
-    return isinstance(value, str) and _LABEL_VALUE.fullmatch(value) is not None
 
 
 def _strings(value: object, what: str, grant: str) -> list[str]:
@@ -309,22 +266,9 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
         kind = SourceKind(src.get("kind", SourceKind.SECRET.value))
     except ValueError:
         raise InvalidGrant(name, "spec.source.kind must be Secret or ConfigMap") from None
-    if not _is_label(src["namespace"]) or not is_subdomain(src["name"]):
+    if not is_label(src["namespace"]) or not is_subdomain(src["name"]):
         raise InvalidGrant(name, f"spec.source must name a valid namespace and {kind.value}")
-    raw_keys = spec.get("keys")
-    keys: tuple[KeyMapping, ...] | None = None
-    if raw_keys is not None:
-        if not isinstance(raw_keys, list) or not raw_keys:
-            raise InvalidGrant(name, "keys, when given, must list at least one key")
-        if not all(isinstance(k, dict) and k.get("from") for k in raw_keys):
-            raise InvalidGrant(name, "every keys[] entry needs `from`")
-        keys = tuple(KeyMapping(k["from"], k.get("to") or k["from"]) for k in raw_keys)
-        for k in keys:
-            for key in (k.src, k.dst):
-                if not _is_secret_key(key):
-                    raise InvalidGrant(name, f"invalid {kind.value} key name {key!r}")
-        if len({k.dst for k in keys}) != len(keys):
-            raise InvalidGrant(name, "keys[].to must be unique")
+    keys = _parse_keys(spec.get("keys"), name)
     namespaces = frozenset(_strings(target.get("namespaces") or [], "namespaces", name))
     sel = target.get("namespaceSelector")
     selector = None if sel is None else _parse_selector(sel, name)
@@ -334,23 +278,9 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
     if not is_subdomain(target_name):
         raise InvalidGrant(name, f"target.name {target_name!r} is not a DNS-1123 subdomain")
     for ns in namespaces:
-        if not _is_label(ns):
+        if not is_label(ns):
             raise InvalidGrant(name, f"target namespace {ns!r} is not a DNS-1123 label")
-    labels = tuple(sorted((target.get("labels") or {}).items()))
-    annotations = tuple(sorted((target.get("annotations") or {}).items()))
-    for k, _ in labels + annotations:
-        if not is_qualified_name(k):
-            raise InvalidGrant(name, f"target metadata key {k!r} is not a qualified name")
-        if k.startswith(PREFIX) or k.split("/")[0].endswith("." + GROUP):
-            raise InvalidGrant(name, f"target metadata key {k!r} is reserved for projector")
-    for k, v in labels:
-        if not is_label_value(v):
-            raise InvalidGrant(name, f"target label {k!r} has an invalid value")
-    for k, v in annotations:
-        if not isinstance(v, str) or len(v) > MAX_ANNOTATION_VALUE:
-            raise InvalidGrant(
-                name, f"target annotation {k!r}: at most {MAX_ANNOTATION_VALUE} characters"
-            )
+    labels, annotations = _parse_metadata(target, name)
     try:
         on_revoke = OnRevoke(policy.get("onRevoke", OnRevoke.DELETE.value))
         on_source_deleted = OnSourceDeleted(
@@ -374,6 +304,47 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
         on_source_deleted=on_source_deleted,
         deleting=bool(meta.get("deletionTimestamp")),
     )
+
+
+def _parse_keys(raw_keys: Any, name: str) -> tuple[KeyMapping, ...] | None:
+    """spec.keys: None (every key), or at least one valid mapping with unique targets."""
+    if raw_keys is None:
+        return None
+    if not isinstance(raw_keys, list) or not raw_keys:
+        raise InvalidGrant(name, "keys, when given, must list at least one key")
+    if not all(isinstance(k, dict) and k.get("from") for k in raw_keys):
+        raise InvalidGrant(name, "every keys[] entry needs `from`")
+    keys = tuple(KeyMapping(k["from"], k.get("to") or k["from"]) for k in raw_keys)
+    for k in keys:
+        for key in (k.src, k.dst):
+            if not is_secret_key(key):
+                raise InvalidGrant(name, f"invalid Secret key name {key!r}")
+    if len({k.dst for k in keys}) != len(keys):
+        raise InvalidGrant(name, "keys[].to must be unique")
+    return keys
+
+
+Pairs = tuple[tuple[str, str], ...]
+
+
+def _parse_metadata(target: Mapping[str, Any], name: str) -> tuple[Pairs, Pairs]:
+    """target.labels and target.annotations, sorted; keys projector reserves are refused."""
+    labels = tuple(sorted((target.get("labels") or {}).items()))
+    annotations = tuple(sorted((target.get("annotations") or {}).items()))
+    for k, _ in labels + annotations:
+        if not is_qualified_name(k):
+            raise InvalidGrant(name, f"target metadata key {k!r} is not a qualified name")
+        if k.startswith(PREFIX) or k.split("/")[0].endswith("." + GROUP):
+            raise InvalidGrant(name, f"target metadata key {k!r} is reserved for projector")
+    for k, v in labels:
+        if not is_label_value(v):
+            raise InvalidGrant(name, f"target label {k!r} has an invalid value")
+    for k, v in annotations:
+        if not isinstance(v, str) or len(v) > MAX_ANNOTATION_VALUE:
+            raise InvalidGrant(
+                name, f"target annotation {k!r}: at most {MAX_ANNOTATION_VALUE} characters"
+            )
+    return labels, annotations
 
 
 def _parse_selector(sel: Any, grant: str) -> LabelSelector:

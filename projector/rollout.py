@@ -5,8 +5,8 @@ A Deployment, StatefulSet or DaemonSet asks with the annotation
 content hash (the copy's `content-hash` annotation, which projector writes with the data) of a
 named copy that projector owns differs from the one its pods were started with, projector
 server-side applies, as field manager `projector-rollout`, the pod-template annotation
-`projector.nebari.dev/rollout-<copy>: <hash prefix>`, and the workload's own rolling update
-restarts the pods.
+`projector.nebari.dev/rollout-<copy>: <stamp>` (16 hex digits of the content hash keyed by
+the copy's uid, `stamp_of`), and the workload's own rolling update restarts the pods.
 
 The decision (`decide`) is a pure function of the cached workload and the copies' hashes; it
 compares hashes, never events, so a restart, a leader change, a resync or a relist rolls
@@ -37,13 +37,14 @@ from typing import Any
 import structlog
 
 from projector.api import DAEMONSETS, DEPLOYMENTS, STATEFULSETS, Obj, Resource
+from projector.caches import Cache, Spec
 from projector.errors import ApiError, Fenced, NotFound
 from projector.metrics import Metrics
 from projector.model import GRANT_LABEL, HASH_ANNOTATION, PREFIX, Copy, ObjectKey
 from projector.queue import QueueShutDown, WorkQueue
 from projector.recorder import event, timestamp
 from projector.status import Event
-from projector.store import Cache, Spec, Store
+from projector.store import Store
 from projector.writer import Writer
 
 log = structlog.get_logger("projector.rollout")
@@ -51,13 +52,13 @@ log = structlog.get_logger("projector.rollout")
 ROLLOUT_ON = f"{PREFIX}rollout-on"
 """On a workload: the copies (names in its namespace) whose content changes roll it."""
 STAMP = f"{PREFIX}rollout-"
-"""Prefix of the pod-template annotation that carries a copy's hash prefix."""
+"""Prefix of the pod-template annotation that carries a copy's stamp (`stamp_of`)."""
 SEEN = f"{PREFIX}seen-"
-"""Prefix of the workload annotation that records a copy's hash when first seen (no roll)."""
+"""Prefix of the workload annotation that records a copy's stamp when first seen (no roll)."""
 FIELD_MANAGER = "projector-rollout"
 """Owns exactly the annotations above: GitOps tools ignore this manager's fields."""
 HASH_PREFIX = 16
-"""Hex digits of the content hash put on the template: enough to tell versions apart."""
+"""Hex digits of a stamp: enough to tell a copy's versions apart."""
 _NAME_MAX = 63
 """Longest name part of an annotation key."""
 
@@ -138,15 +139,22 @@ def seen_key(copy: str) -> str:
     return SEEN + _part(copy, _NAME_MAX - len("seen-"))
 
 
-def hash_prefix(content_hash: str) -> str:
-    """The hex digits of a `sha256:<hex>` content hash that go on the template."""
-    return content_hash.removeprefix("sha256:")[:HASH_PREFIX]
+def stamp_of(content_hash: str, copy_uid: str) -> str:
+    """What goes on the template for a copy's content: its hash, keyed by the copy's uid.
+
+    Workloads are readable by many more people than Secrets (the `view` role reads them, not
+    Secrets), and a bare content hash would let them test guesses of a weak value offline
+    (the rest of what it covers is readable from the grant). The copy's uid is known only to
+    readers of the copy, who see its value anyway. It changes only if the copy is recreated.
+    """
+    keyed = f"{content_hash}/{copy_uid}".encode()
+    return hashlib.sha256(keyed).hexdigest()[:HASH_PREFIX]
 
 
 def decide(w: Workload, hashes: Mapping[str, str]) -> Decision:
-    """What `w` should carry, given the hash prefixes of the copies projector owns.
+    """What `w` should carry, given the stamps of the copies projector owns.
 
-    `hashes` maps a copy name (in `w`'s namespace) to its hash prefix; a copy missing from it
+    `hashes` maps a copy name (in `w`'s namespace) to its stamp; a copy missing from it
     (absent, or not projector's) is left alone. A copy whose hash equals what the pods were
     started with (stamp, else baseline) needs nothing; one never seen gets a baseline (no
     roll); one that differs is stamped (a rollout), unless the last rollout still progresses.
@@ -357,6 +365,9 @@ class Rollouts:
             except ApiError as e:
                 log.warning("rollout apply failed; retried", status=e.status, reason=e.reason)
                 ok = False
+            except Exception:  # a bug here must not stop the grants' workers beside it
+                log.exception("rollout crashed; retried", workload=_name(ref))
+                ok = False
             if ok:
                 self.queue.forget(ref)
             else:
@@ -364,7 +375,7 @@ class Rollouts:
             self.queue.done(ref)
 
     def hashes(self, w: Workload) -> dict[str, str]:
-        """The hash prefixes of the copies `w` names that projector owns."""
+        """The stamps of the copies `w` names that projector owns, by copy name."""
         out = {}
         for name in w.copies:
             c = self.store.copies.get(ObjectKey(w.ref.namespace, name))
@@ -424,9 +435,9 @@ class Rollouts:
 
 
 def _hash(c: Copy) -> str | None:
-    """A copy's hash prefix if projector owns it (its field manager wrote the owner mark)."""
+    """A copy's stamp if projector owns it (its field manager wrote the owner mark)."""
     h = c.annotations.get(HASH_ANNOTATION)
-    return hash_prefix(h) if h and c.grant_uid is not None and not c.deleting else None
+    return stamp_of(h, c.uid) if h and c.grant_uid is not None and not c.deleting else None
 
 
 def _name(ref: Ref) -> str:

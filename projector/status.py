@@ -118,29 +118,9 @@ def compute(plan: Plan, outcomes: Sequence[Outcome]) -> dict[str, Any]:
     conflicted = counts[Reason.CONFLICT] + counts[Reason.GRANT_CONFLICT]
     denied = counts[Reason.DENIED]
     missing = counts[Reason.NAMESPACE_MISSING]
-    failures = _failures(outcomes)
     errors = [o for o in outcomes if o.reason is Reason.WRITE_FAILED]
-    source_ok = plan.source_state is SourceState.AVAILABLE and counts[Reason.KEY_MISSING] == 0
-    kind = grant.kind.value if grant is not None else "Secret"  # the source's, and its copies
-    if plan.source_state is SourceState.AVAILABLE and counts[Reason.KEY_MISSING]:
-        source_reason, source_msg = Reason.KEY_MISSING.value, "the source lacks a granted key"
-    else:
-        source_reason = plan.source_state.value
-        source_msg = {
-            SourceState.AVAILABLE: f"the source {kind} is exported",
-            SourceState.NOT_EXPORTED: f"the source {kind} lacks the export label",
-            SourceState.MISSING: f"the source {kind} does not exist"
-            + (
-                "; copies deleted"
-                if grant is not None and grant.on_source_deleted.value == "Delete"
-                else "; last good copies kept"
-            ),
-            SourceState.UNKNOWN: f"the source {kind} could not be read",
-        }[plan.source_state]
-    source = plan.snapshot.source
-    if source is not None and source.ignored_export_to:
-        ignored = ", ".join(source.ignored_export_to)[:200]
-        source_msg = f"{source_msg}; {IGNORED_EXPORT_TO}{ignored}"
+    source_ok, source_reason, source_msg = _source(plan, counts[Reason.KEY_MISSING])
+    kind = _kind(plan)
     if not source_ok:
         ready, reason, message = False, source_reason, source_msg
     elif errors:
@@ -173,8 +153,39 @@ def compute(plan: Plan, outcomes: Sequence[Outcome]) -> dict[str, Any]:
         "observedGeneration": generation,
         "conditions": conditions,
         "targets": _targets(plan.matched, projected, conflicted, denied),
-        "failures": failures,
+        "failures": _failures(outcomes),
     }
+
+
+def _source(plan: Plan, keys_missing: int) -> tuple[bool, str, str]:
+    """The SourceAvailable condition: available with every granted key, reason, message."""
+    grant, kind = plan.grant, _kind(plan)
+    if plan.source_state is SourceState.AVAILABLE and keys_missing:
+        source_reason, source_msg = Reason.KEY_MISSING.value, "the source lacks a granted key"
+    else:
+        source_reason = plan.source_state.value
+        source_msg = {
+            SourceState.AVAILABLE: f"the source {kind} is exported",
+            SourceState.NOT_EXPORTED: f"the source {kind} lacks the export label",
+            SourceState.MISSING: f"the source {kind} does not exist"
+            + (
+                "; copies deleted"
+                if grant is not None and grant.on_source_deleted.value == "Delete"
+                else "; last good copies kept"
+            ),
+            SourceState.UNKNOWN: f"the source {kind} could not be read",
+        }[plan.source_state]
+    source = plan.snapshot.source
+    if source is not None and source.ignored_export_to:
+        ignored = ", ".join(source.ignored_export_to)[:200]
+        source_msg = f"{source_msg}; {IGNORED_EXPORT_TO}{ignored}"
+    ok = plan.source_state is SourceState.AVAILABLE and keys_missing == 0
+    return ok, source_reason, source_msg
+
+
+def _kind(plan: Plan) -> str:
+    """What the grant projects, for messages: Secret or ConfigMap."""
+    return plan.grant.kind.value if plan.grant is not None else "Secret"
 
 
 def _failures(outcomes: Iterable[Outcome]) -> list[dict[str, str]]:

@@ -25,7 +25,7 @@ import cel
 import jsonschema
 import yaml
 
-from projector.model import is_subdomain
+from projector.names import is_subdomain
 
 CRD_RESOURCE = "crd.yaml"
 """The chart's CRD, packaged into the wheel under this name (see pyproject.toml)."""

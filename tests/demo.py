@@ -32,6 +32,7 @@ from tests.controlplane.plane import ControlPlane, ControlPlaneError, ensure_bin
 from tests.launcher import REPO, ControllerProcess, launch
 from tests.node.images import ImageError, import_busybox_image
 from tests.node.node import Node, NodeError, ensure_node_binaries, missing_prerequisites
+from tests.node.pods import consumer_spec
 from tests.support import api_client, decode, eventually, projector_kubeconfig
 
 T = TypeVar("T")
@@ -276,35 +277,12 @@ def pod_story(
         story.step(f"a node ({node.name}) joins with its own identity and is Ready", node.ready)
         pod = client.V1Pod(
             metadata=client.V1ObjectMeta(name="gateway-reader"),
-            spec=client.V1PodSpec(
-                termination_grace_period_seconds=0,
-                containers=[
-                    client.V1Container(
-                        name="reader",
-                        image=image,
-                        image_pull_policy="Never",
-                        command=["sh", "-c", READER],
-                        env=[
-                            client.V1EnvVar(
-                                name="API_TOKEN",
-                                value_from=client.V1EnvVarSource(
-                                    secret_key_ref=client.V1SecretKeySelector(
-                                        name="jupyterhub-contract", key="api-token"
-                                    )
-                                ),
-                            )
-                        ],
-                        volume_mounts=[
-                            client.V1VolumeMount(name="contract", mount_path="/etc/contract")
-                        ],
-                    )
-                ],
-                volumes=[
-                    client.V1Volume(
-                        name="contract",
-                        secret=client.V1SecretVolumeSource(secret_name="jupyterhub-contract"),
-                    )
-                ],
+            spec=consumer_spec(
+                image,
+                ["sh", "-c", READER],
+                "jupyterhub-contract",
+                "/etc/contract",
+                env=("API_TOKEN", "api-token"),
             ),
         )
         with contextlib.suppress(client.ApiException):

@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,15 +152,18 @@ def launch(
     python: str = sys.executable,
     leader_elect: bool = False,
     env: Mapping[str, str] | None = None,
+    prefix: Sequence[str] = (),
 ) -> ControllerProcess:
     """Start `projector run` against `kubeconfig` on a free loopback port, logging to `log`.
 
     One replica runs with `--no-leader-elect` unless `leader_elect` (then it is one of several).
     `env` is added to the environment (e.g. OTEL_EXPORTER_OTLP_ENDPOINT of a test's collector).
+    `prefix` goes between the interpreter and `-m projector` (a profiler's `-m pyinstrument ...`).
     """
     port = free_port()
     args = [
         python,
+        *prefix,
         "-m",
         "projector",
         "run",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from kubernetes import client
 
 ROLLOUT_ON = "projector.nebari.dev/rollout-on"
@@ -61,8 +63,7 @@ def stamp(apps: client.AppsV1Api, namespace: str, name: str, copy: str = "db") -
 
 
 def copy_hash(core: client.CoreV1Api, namespace: str, name: str = "db") -> str:
-    """The hash prefix a rollout of `name`'s current content puts on the template."""
+    """The stamp a rollout of `name`'s current content puts on the template (read as admin)."""
     s = core.read_namespaced_secret(name, namespace)
-    return str(s.metadata.annotations["projector.nebari.dev/content-hash"]).removeprefix("sha256:")[
-        :16
-    ]
+    content = str(s.metadata.annotations["projector.nebari.dev/content-hash"])
+    return hashlib.sha256(f"{content}/{s.metadata.uid}".encode()).hexdigest()[:16]

@@ -6,22 +6,13 @@
 # Why wrapper modules: k8s.io/kubernetes requires its staging modules at v0.0.0 and maps them to
 # ./staging by `replace`, which only the main module may do; so a small module of ours requires
 # k8s.io/kubernetes and re-declares those replaces, generated from the published go.mod (never typed).
-set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=versions.env
-source "$here/versions.env"
-cache="${PROJECTOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/projector}"
-bin="$cache/bin/kube-$KUBE_VERSION-etcd-$ETCD_VERSION"
-export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
-mkdir -p "$bin"
+# shellcheck source=../gobuild.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../gobuild.sh" controlplane
+gobuild_bin "kube-$KUBE_VERSION-etcd-$ETCD_VERSION"
 # Two builds at once (make binaries and a pytest session) would write the same .tmp files.
-exec 9>"$cache/kube-build.lock"
-flock 9
+hold_lock "$cache/kube-build.lock"
 # The commands of the wrapper module (tools.go is generated from this list).
 KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
-
-log() { printf '[controlplane] %s\n' "$*" >&2; }
-fail() { log "FAILED: $*"; exit 1; }
 
 build_kube() {
   local work="$cache/src/kube-$KUBE_VERSION" minor="${KUBE_VERSION#v1.}"
@@ -69,17 +60,11 @@ build_kube() {
 build_etcd() {
   [[ -x "$bin/etcd" ]] && return
   local work="$cache/src/etcd-$ETCD_VERSION"
-  mkdir -p "$work"
   log "building etcd $ETCD_VERSION"
+  tools_module "$work" projector.invalid/controlplane/etcd "go.etcd.io/etcd/server/v3@$ETCD_VERSION" \
+    go.etcd.io/etcd/server/v3
   (
     cd "$work"
-    if [[ ! -f go.sum ]]; then
-      rm -f go.mod
-      go mod init projector.invalid/controlplane/etcd >/dev/null 2>&1
-      go mod edit -go=1.26.0 -require="go.etcd.io/etcd/server/v3@$ETCD_VERSION"
-      printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' > tools.go
-      go mod tidy >/dev/null || fail "go mod tidy in $work"
-    fi
     go build -trimpath -ldflags "-s -w" -o "$bin/etcd.tmp" go.etcd.io/etcd/server/v3
   ) || fail "go build go.etcd.io/etcd/server/v3@$ETCD_VERSION"
   mv "$bin/etcd.tmp" "$bin/etcd"

@@ -3,35 +3,20 @@
 # keyed by version, exactly as tests/controlplane/build.sh builds the control plane. A lock keeps
 # two concurrent runs (two worktrees, two make jobs) from building into each other; a second run
 # finds the binary and prints its path at once.
-set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=../controlplane/versions.env
-source "$here/../controlplane/versions.env"
-cache="${PROJECTOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/projector}"
-bin="$cache/bin/helm-$HELM_VERSION"
-export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
-mkdir -p "$bin" "$cache/src"
-
-log() { printf '[helm] %s\n' "$*" >&2; }
-fail() { log "FAILED: $*"; exit 1; }
+# shellcheck source=../gobuild.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../gobuild.sh" helm
+gobuild_bin "helm-$HELM_VERSION"
 
 if [[ ! -x "$bin/helm" ]]; then
-  exec 9>"$cache/src/helm-$HELM_VERSION.lock"
-  flock 9
+  hold_lock "$cache/src/helm-$HELM_VERSION.lock"
 fi
 if [[ ! -x "$bin/helm" ]]; then
   start=$(date +%s)
   work="$cache/src/helm-$HELM_VERSION"
-  mkdir -p "$work"
+  tools_module "$work" projector.invalid/tools/helm "helm.sh/helm/v3@$HELM_VERSION" \
+    helm.sh/helm/v3/cmd/helm
   (
     cd "$work"
-    if [[ ! -f go.sum ]]; then
-      rm -f go.mod
-      go mod init projector.invalid/tools/helm >/dev/null 2>&1
-      go mod edit -go=1.26.0 -require="helm.sh/helm/v3@$HELM_VERSION"
-      printf '//go:build tools\n\npackage tools\n\nimport _ "helm.sh/helm/v3/cmd/helm"\n' > tools.go
-      go mod tidy >/dev/null || fail "go mod tidy in $work"
-    fi
     # As helm's own Makefile: the default Kubernetes version (of `helm template` and `lint`) is
     # the one of the client-go it is built with, major + 1 (v0.35 -> 1.35).
     read -r kmaj kmin _ <<<"$(go list -m -f '{{.Version}}' k8s.io/client-go | tr -d v | tr . ' ')"

@@ -254,7 +254,7 @@ def test_a_burst_of_100_source_updates_in_10_s_rolls_a_few_times(
     rollouts = revision(apps_v1, ns, "web") - 1
     record_property("rollouts", rollouts)
     print(f"burst: 100 updates in {time.monotonic() - start:.1f} s -> {rollouts} rollouts")
-    assert 1 <= rollouts <= 5
+    assert 1 <= rollouts <= 5  # measured 1, 3, 4, 1 (zero replicas: only the window collapses)
 
 
 def test_without_the_flag_no_workload_is_listed_watched_or_touched(

@@ -7,34 +7,22 @@
 #
 # kind is built from its Go module (KIND_VERSION in ../controlplane/versions.env) in a small wrapper
 # module, like the control-plane binaries, into the same cache; never installed system-wide.
-set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../gobuild.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../gobuild.sh" kind
 repo="$(cd "$here/../.." && pwd)"
-# shellcheck source=../controlplane/versions.env
-source "$here/../controlplane/versions.env"
-cache="${PROJECTOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/projector}"
 bin="$cache/bin/kind-$KIND_VERSION"
 cluster="${KIND_CLUSTER_NAME:-projector}"
 kubeconfig="${KIND_KUBECONFIG:-$repo/.local/kind-kubeconfig}"
-export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
-
-log() { printf '[kind] %s\n' "$*" >&2; }
-fail() { log "FAILED: $*"; exit 1; }
 
 build() {
   if [[ ! -x "$bin/kind" ]]; then
     local work="$cache/src/kind-$KIND_VERSION"
-    mkdir -p "$work" "$bin"
+    mkdir -p "$bin"
     log "building sigs.k8s.io/kind $KIND_VERSION"
+    tools_module "$work" projector.invalid/controlplane/kind "sigs.k8s.io/kind@$KIND_VERSION" \
+      sigs.k8s.io/kind
     (
       cd "$work"
-      if [[ ! -f go.sum ]]; then
-        rm -f go.mod
-        go mod init projector.invalid/controlplane/kind >/dev/null 2>&1
-        go mod edit -go=1.26.0 -require="sigs.k8s.io/kind@$KIND_VERSION"
-        printf '//go:build tools\n\npackage tools\n\nimport _ "sigs.k8s.io/kind"\n' > tools.go
-        go mod tidy >/dev/null
-      fi
       go build -trimpath -ldflags "-s -w" -o "$bin/kind.tmp" sigs.k8s.io/kind
     ) || fail "go build sigs.k8s.io/kind@$KIND_VERSION"
     mv "$bin/kind.tmp" "$bin/kind"

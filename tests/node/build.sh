@@ -3,37 +3,17 @@
 # the k8s.io/kubernetes module's build/pause/linux/pause.c into the same cache as the control
 # plane's binaries, keyed by version. kubelet comes from tests/controlplane/build.sh (same
 # wrapper module as kube-apiserver). A second run finds everything and exits at once.
-set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=../controlplane/versions.env
-source "$here/../controlplane/versions.env"
-cache="${PROJECTOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/projector}"
-bin="$cache/bin/containerd-$CONTAINERD_VERSION-pause-$KUBE_VERSION"
-export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
-mkdir -p "$bin"
-exec 9>"$cache/node-build.lock"
-flock 9
-
-log() { printf '[node] %s\n' "$*" >&2; }
-fail() { log "FAILED: $*"; exit 1; }
+# shellcheck source=../gobuild.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../gobuild.sh" node
+gobuild_bin "containerd-$CONTAINERD_VERSION-pause-$KUBE_VERSION"
+hold_lock "$cache/node-build.lock"
 
 build_containerd() {
   local work="$cache/src/containerd-$CONTAINERD_VERSION" mod=github.com/containerd/containerd/v2
   local ld="-s -w -X $mod/version.Version=$CONTAINERD_VERSION -X $mod/version.Package=$mod"
   local tags="no_btrfs no_devmapper no_zfs"
-  mkdir -p "$work"
-  if [[ ! -f "$work/go.sum" ]]; then
-    log "resolving $mod@$CONTAINERD_VERSION"
-    (
-      cd "$work"
-      rm -f go.mod
-      go mod init projector.invalid/node/containerd >/dev/null 2>&1
-      go mod edit -go=1.26.0 -require="$mod@$CONTAINERD_VERSION"
-      printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "%s/cmd/containerd"\n\t_ "%s/cmd/containerd-shim-runc-v2"\n\t_ "%s/cmd/ctr"\n)\n' \
-        "$mod" "$mod" "$mod" > tools.go
-      go mod tidy >/dev/null || fail "go mod tidy in $work"
-    )
-  fi
+  tools_module "$work" projector.invalid/node/containerd "$mod@$CONTAINERD_VERSION" \
+    "$mod/cmd/containerd" "$mod/cmd/containerd-shim-runc-v2" "$mod/cmd/ctr"
   for cmd in containerd containerd-shim-runc-v2 ctr; do
     [[ -x "$bin/$cmd" ]] && continue
     log "building $cmd $CONTAINERD_VERSION"

@@ -60,3 +60,40 @@ def delete_pod(core: client.CoreV1Api, namespace: str, name: str) -> None:
         return False
 
     eventually(gone, 60, message=f"pod {namespace}/{name} still there")
+
+
+def consumer_spec(
+    image: str,
+    command: Sequence[str],
+    secret: str,
+    mount: str,
+    *,
+    container: str = "reader",
+    env: tuple[str, str] | None = None,
+    read_only: bool = False,
+) -> client.V1PodSpec:
+    """A consumer of a copy, as a pack's pod is: `secret` as a volume at `mount` and, with
+    `env` (variable, key), one key of it as an environment variable (secretKeyRef)."""
+    env_vars = None
+    if env is not None:
+        ref = client.V1SecretKeySelector(name=secret, key=env[1])
+        env_vars = [
+            client.V1EnvVar(name=env[0], value_from=client.V1EnvVarSource(secret_key_ref=ref))
+        ]
+    mount_as = client.V1VolumeMount(name="copy", mount_path=mount, read_only=read_only or None)
+    return client.V1PodSpec(
+        termination_grace_period_seconds=0,
+        containers=[
+            client.V1Container(
+                name=container,
+                image=image,
+                image_pull_policy="Never",
+                command=list(command),
+                env=env_vars,
+                volume_mounts=[mount_as],
+            )
+        ],
+        volumes=[
+            client.V1Volume(name="copy", secret=client.V1SecretVolumeSource(secret_name=secret))
+        ],
+    )

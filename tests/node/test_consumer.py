@@ -21,6 +21,7 @@ from kubernetes import client
 
 from tests.launcher import REPO
 from tests.node.node import Node
+from tests.node.pods import consumer_spec
 from tests.node.release import Release
 from tests.support import Cluster, NamespaceFactory, eventually
 
@@ -38,21 +39,6 @@ def digest(value: str) -> str:
 
 def reader_deployment(name: str, image: str) -> client.V1Deployment:
     labels = {"app": name}
-    container = client.V1Container(
-        name="reader",
-        image=image,
-        image_pull_policy="Never",
-        command=["sh", "-c", READER],
-        env=[
-            client.V1EnvVar(
-                name="PASSWORD",
-                value_from=client.V1EnvVarSource(
-                    secret_key_ref=client.V1SecretKeySelector(name="db", key="password")
-                ),
-            )
-        ],
-        volume_mounts=[client.V1VolumeMount(name="db", mount_path="/etc/db", read_only=True)],
-    )
     return client.V1Deployment(
         metadata=client.V1ObjectMeta(name=name),
         spec=client.V1DeploymentSpec(
@@ -60,14 +46,13 @@ def reader_deployment(name: str, image: str) -> client.V1Deployment:
             selector=client.V1LabelSelector(match_labels=labels),
             template=client.V1PodTemplateSpec(
                 metadata=client.V1ObjectMeta(labels=labels),
-                spec=client.V1PodSpec(
-                    termination_grace_period_seconds=0,
-                    containers=[container],
-                    volumes=[
-                        client.V1Volume(
-                            name="db", secret=client.V1SecretVolumeSource(secret_name="db")
-                        )
-                    ],
+                spec=consumer_spec(
+                    image,
+                    ["sh", "-c", READER],
+                    "db",
+                    "/etc/db",
+                    env=("PASSWORD", "password"),
+                    read_only=True,
                 ),
             ),
         ),

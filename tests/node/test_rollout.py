@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import statistics
 import time
 from collections.abc import Iterator
 
@@ -23,8 +24,9 @@ from kubernetes import client
 from tests.node.node import Node
 from tests.node.release import NAMESPACE, RELEASE, Release
 from tests.support import Cluster, NamespaceFactory, eventually
-from tests.workloads import consumer, copy_hash, revision
+from tests.workloads import consumer, revision
 
+ROTATIONS = 5
 PRINT_ENV = 'echo env=$(printf %s "$PASSWORD" | busybox sha256sum | busybox cut -c1-64); sleep 3600'
 
 
@@ -61,6 +63,11 @@ class Reader:
         log = str(self.core.read_namespaced_pod_log(name, self.namespace))
         found = re.findall(r"^env=([0-9a-f]{64})$", log, re.M)
         return (name, found[-1]) if found else None
+
+    def showing(self, value: str) -> tuple[str, str] | None:
+        """(pod, digest) once the one Running pod printed `value`'s digest."""
+        e = self.env()
+        return e if e is not None and e[1] == digest(value) else None
 
     def rolled_out(self) -> bool:
         d = self.apps.read_namespaced_deployment("reader", self.namespace)
@@ -125,18 +132,25 @@ def test_an_env_var_consumer_is_rolled_once_per_rotation_and_never_by_restarts_o
     leader = str(eventually(lambda: decided(release, ns), 30, message="projector saw the reader"))
     assert reader.revision() == 1  # opting in rolls nothing
 
-    t0 = time.monotonic()
-    k8s.patch_secret(producer, "db", {"data": {"password": "CANARY-roll-2"}})
-    second = eventually(
-        lambda: (e := reader.env()) and e[1] == digest("CANARY-roll-2") and e,
-        90,
-        message="a new pod with the new env var",
+    latencies = []
+    second = first
+    for n in range(2, 2 + ROTATIONS):  # each rotation: one rollout, a new pod, the new value
+        value, before = f"CANARY-roll-{n}", second
+        t0 = time.monotonic()
+        k8s.patch_secret(producer, "db", {"data": {"password": value}})
+        second = eventually(
+            lambda: reader.showing(value),  # noqa: B023 (called before the loop goes on)
+            90,
+            message="a new pod with the new env var",
+        )
+        latencies.append(time.monotonic() - t0)
+        assert second[0] != before[0] and reader.revision() == n  # one rollout
+        eventually(reader.rolled_out, 60)
+    print(
+        f"\nrotation -> new env var in a new pod ({ROTATIONS} rotations, one rollout each): "
+        f"median {statistics.median(latencies):.2f}s, max {max(latencies):.2f}s"
     )
-    latency = time.monotonic() - t0
-    assert second[0] != first[0] and reader.revision() == 2  # one rollout
-    eventually(reader.rolled_out, 60)
-    h = copy_hash(core_v1, ns)
-    print(f"\nrotation -> new env var in a new pod: {latency:.2f}s (one rollout, hash {h})")
+    rolled = reader.revision()
 
     counts = {}
     for step in ("restart 1", "restart 2", "failover"):
@@ -146,7 +160,7 @@ def test_an_env_var_consumer_is_rolled_once_per_rotation_and_never_by_restarts_o
             restart_projector(release)
         old = leader
         leader = str(eventually(lambda: decided(release, ns, not_by=old), 60, message=step))  # noqa: B023
-        counts[step] = reader.revision() - 2
+        counts[step] = reader.revision() - rolled
         assert reader.env() == second  # the same pod, never restarted
     print(f"rollouts caused: {counts}")
     assert counts == {"restart 1": 0, "restart 2": 0, "failover": 0}
@@ -181,10 +195,9 @@ def test_a_burst_of_100_updates_in_10_s_rolls_an_env_var_consumer_a_few_times(
         wait = start + (i + 1) * 0.1 - time.monotonic()
         if wait > 0:
             time.sleep(wait)  # allowed-sleep: the load's pacing, 100 updates spread over 10 s
-    last = digest("CANARY-burst-99")
-    eventually(lambda: (e := reader.env()) and e[1] == last, 120, message="the last value")
+    eventually(lambda: reader.showing("CANARY-burst-99"), 120, message="the last value")
     eventually(reader.rolled_out, 60)
     rollouts = reader.revision() - 1
     print(f"\nburst: 100 updates in 10 s -> {rollouts} rollouts of the env-var consumer")
-    assert 1 <= rollouts <= 3
+    assert 1 <= rollouts <= 4  # measured 2, 3, 1
     k8s.canaries.assert_absent("the chart's pod logs", rollout_release.logs())

@@ -8,22 +8,15 @@
 # tidy`: tidy also wants the test-only dependencies of the file exporter, one of which the module
 # proxy does not serve at this release.
 # The build holds a lock next to the binary so a `make` and a pytest session never build twice.
-set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../gobuild.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../gobuild.sh" otelcol
 # shellcheck source=versions.env
 source "$here/versions.env"
-cache="${PROJECTOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/projector}"
 key="$OTELCOL_VERSION-contrib-$OTELCOL_CONTRIB_VERSION-$(sha256sum "$here/main.go" | cut -c1-12)"
-bin="$cache/bin/otelcol-$key"
-export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
-mkdir -p "$bin" "$cache/src"
-
-log() { printf '[otelcol] %s\n' "$*" >&2; }
-fail() { log "FAILED: $*"; exit 1; }
+gobuild_bin "otelcol-$key"
 
 if [[ ! -x "$bin/otelcol" ]]; then
-  exec 9>"$cache/src/otelcol-$key.lock"
-  flock 9
+  hold_lock "$cache/src/otelcol-$key.lock"
 fi
 if [[ ! -x "$bin/otelcol" ]]; then
   start=$(date +%s)

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from projector.api import Obj, Resource
+from projector.api import Obj, Resource, collect
 from projector.errors import ApiError, Conflict, NotFound
 
 Key = tuple[str, str, str]
@@ -91,12 +91,7 @@ class FakeApi:
 
     async def list(self, res: Resource, **kw: Any) -> tuple[list[Obj], str]:
         """Every page at once (for assertions)."""
-        out: list[Obj] = []
-        rv = ""
-        async for page, version in self.pages(res, **kw):
-            out.extend(page)
-            rv = version
-        return out, rv
+        return await collect(self.pages(res, **kw))
 
     async def watch(
         self,

@@ -26,13 +26,13 @@ from projector.rollout import (
     Workload,
     WorkloadKind,
     decide,
-    hash_prefix,
     manifest,
     parser,
     progressing,
     seen_key,
     spec,
     stamp_key,
+    stamp_of,
 )
 from projector.store import Store
 from projector.writer import Writer
@@ -296,7 +296,7 @@ async def test_rollouts_apply_once_record_an_event_and_count_it() -> None:
     desired = desired_of(grant, make_source())
     copy = copy_from(desired, "app")
     store.copies.put(copy.key, copy)
-    h1 = hash_prefix(copy.annotations[HASH_ANNOTATION])
+    h1 = stamp_of(copy.annotations[HASH_ANNOTATION], copy.uid)
     obj = api.add(DEPLOYMENTS, deployment(**DONE))
     cache = rollouts._by_kind[D]
     cache.put(REF, cache.spec.parse(obj))
@@ -313,7 +313,7 @@ async def test_rollouts_apply_once_record_an_event_and_count_it() -> None:
     changed = copy_from(desired_of(grant, make_source(data={"token": "dDE="})), "app")
     store.copies.put(changed.key, changed)
     assert len(queue) == 1  # the copy woke its reader
-    h2 = hash_prefix(changed.annotations[HASH_ANNOTATION])
+    h2 = stamp_of(changed.annotations[HASH_ANNOTATION], changed.uid)
     assert await rollouts.reconcile(REF)
     stored = api.get_object(DEPLOYMENTS, "app", "web")
     assert stored is not None and stored["spec"]["template"]["metadata"]["annotations"] == {S: h2}
@@ -346,3 +346,9 @@ def test_rollouts_are_off_unless_asked_and_their_window_is_checked(
     assert config.parse([]).rollouts
     with pytest.raises(SystemExit):
         config.parse(["--rollout-debounce=5s", "--rollout-debounce-max=1s"])
+
+
+def test_the_stamp_is_keyed_by_the_copys_uid_so_workload_readers_cannot_test_guesses() -> None:
+    h = "sha256:" + "ab" * 32
+    assert stamp_of(h, "uid-1") != stamp_of(h, "uid-2")
+    assert "abab" not in stamp_of(h, "uid-1") and len(stamp_of(h, "uid-1")) == 16
