@@ -325,12 +325,7 @@ class Cluster:
         self.core.patch_namespaced_config_map(name, namespace, patch)
 
     def config_copy(self, namespace: str, name: str) -> client.V1ConfigMap | None:
-        try:
-            return self.core.read_namespaced_config_map(name, namespace)
-        except client.ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        return or_none(lambda: self.core.read_namespaced_config_map(name, namespace))
 
     def config_data(self, namespace: str, name: str) -> dict[str, str] | None:
         """A ConfigMap's data (binaryData keys map to their decoded text)."""
@@ -445,12 +440,7 @@ class Cluster:
     # -- copies ----------------------------------------------------------------------------------
 
     def copy(self, namespace: str, name: str) -> client.V1Secret | None:
-        try:
-            return self.core.read_namespaced_secret(name, namespace)
-        except client.ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        return or_none(lambda: self.core.read_namespaced_secret(name, namespace))
 
     def version(self, namespace: str, name: str) -> tuple[str, str] | None:
         """A Secret's (uid, resourceVersion): equal later only if it was never rewritten."""
@@ -480,6 +470,16 @@ class Cluster:
     def cleanup(self) -> None:
         for g in self.grants:
             self.delete_grant(g)
+
+
+def or_none(read: Callable[[], T]) -> T | None:
+    """What `read` returns, or None if the API server answers 404."""
+    try:
+        return read()
+    except client.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
 
 
 def b64(v: str) -> str:

@@ -12,6 +12,7 @@ env var does not change until the container restarts (docs/node.md says what to 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from typing import Any, cast
@@ -38,6 +39,14 @@ def digest(value: str) -> str:
 
 
 def reader_deployment(name: str, image: str) -> client.V1Deployment:
+    spec = consumer_spec(
+        image, ["sh", "-c", READER], "db", "/etc/db", env=("PASSWORD", "password"), read_only=True
+    )
+    return deployment(name, spec)
+
+
+def deployment(name: str, spec: client.V1PodSpec) -> client.V1Deployment:
+    """One replica of `spec`, its pods labelled app=`name`."""
     labels = {"app": name}
     return client.V1Deployment(
         metadata=client.V1ObjectMeta(name=name),
@@ -45,18 +54,26 @@ def reader_deployment(name: str, image: str) -> client.V1Deployment:
             replicas=1,
             selector=client.V1LabelSelector(match_labels=labels),
             template=client.V1PodTemplateSpec(
-                metadata=client.V1ObjectMeta(labels=labels),
-                spec=consumer_spec(
-                    image,
-                    ["sh", "-c", READER],
-                    "db",
-                    "/etc/db",
-                    env=("PASSWORD", "password"),
-                    read_only=True,
-                ),
+                metadata=client.V1ObjectMeta(labels=labels), spec=spec
             ),
         ),
     )
+
+
+def running_pod(core: client.CoreV1Api, node: Node, namespace: str, app: str) -> str:
+    """The name of the pod of Deployment `app`, once it runs on the node."""
+
+    def running() -> str:
+        pods = core.list_namespaced_pod(namespace, label_selector=f"app={app}").items
+        up = [p for p in pods if p.status.phase == "Running"]
+        assert up and up[0].spec.node_name == node.name, [p.status for p in pods]
+        return str(up[0].metadata.name)
+
+    return str(eventually(running, 90, message="the consumer pod Running on the node"))
+
+
+def pod_log(core: client.CoreV1Api, namespace: str, pod: str) -> str:
+    return str(core.read_namespaced_pod_log(pod, namespace, tail_lines=400))
 
 
 def last(log: str, key: str) -> str | None:
@@ -80,16 +97,8 @@ def test_a_consumer_pod_reads_its_copy_as_a_file_and_an_env_var_and_only_the_fil
 
     apps_v1.create_namespaced_deployment(consumer, reader_deployment("reader", busybox))
 
-    def running_pod() -> str:
-        pods = core_v1.list_namespaced_pod(consumer, label_selector="app=reader").items
-        running = [p for p in pods if p.status.phase == "Running"]
-        assert running and running[0].spec.node_name == node.name, [p.status for p in pods]
-        return str(running[0].metadata.name)
-
-    pod = eventually(running_pod, 90, message="the consumer pod Running on the node")
-
-    def log() -> str:
-        return str(core_v1.read_namespaced_pod_log(pod, consumer, tail_lines=400))
+    pod = running_pod(core_v1, node, consumer, "reader")
+    log = functools.partial(pod_log, core_v1, consumer, pod)
 
     old = digest("CANARY-pod-1")
     eventually(lambda: last(log(), "env") == old and last(log(), "file") == old, 30)
@@ -122,7 +131,6 @@ def example(path: str, kind: str, name: str) -> dict[str, Any]:
 def contract_reader(name: str, image: str) -> client.V1Deployment:
     """dask-gateway's side: the hub URL as an env var from the ConfigMap copy, the client id
     as a file of it, and the API token as a file of the Secret copy of the same name."""
-    labels = {"app": name}
     container = client.V1Container(
         name="reader",
         image=image,
@@ -153,19 +161,10 @@ def contract_reader(name: str, image: str) -> client.V1Deployment:
             secret=client.V1SecretVolumeSource(secret_name="jupyterhub-contract"),
         ),
     ]
-    return client.V1Deployment(
-        metadata=client.V1ObjectMeta(name=name),
-        spec=client.V1DeploymentSpec(
-            replicas=1,
-            selector=client.V1LabelSelector(match_labels=labels),
-            template=client.V1PodTemplateSpec(
-                metadata=client.V1ObjectMeta(labels=labels),
-                spec=client.V1PodSpec(
-                    termination_grace_period_seconds=0, containers=[container], volumes=volumes
-                ),
-            ),
-        ),
+    spec = client.V1PodSpec(
+        termination_grace_period_seconds=0, containers=[container], volumes=volumes
     )
+    return deployment(name, spec)
 
 
 def test_a_consumer_pod_reads_the_configmap_contract_next_to_the_secret_one(
@@ -209,16 +208,8 @@ def test_a_consumer_pod_reads_the_configmap_contract_next_to_the_secret_one(
 
     apps_v1.create_namespaced_deployment(consumer, contract_reader("hub-reader", busybox))
 
-    def running_pod() -> str:
-        pods = core_v1.list_namespaced_pod(consumer, label_selector="app=hub-reader").items
-        running = [p for p in pods if p.status.phase == "Running"]
-        assert running and running[0].spec.node_name == node.name, [p.status for p in pods]
-        return str(running[0].metadata.name)
-
-    pod = eventually(running_pod, 90, message="the consumer pod Running on the node")
-
-    def log() -> str:
-        return str(core_v1.read_namespaced_pod_log(pod, consumer, tail_lines=400))
+    pod = running_pod(core_v1, node, consumer, "hub-reader")
+    log = functools.partial(pod_log, core_v1, consumer, pod)
 
     eventually(
         lambda: (
