@@ -45,7 +45,6 @@ from projector.errors import ApiError, Conflict, Forbidden, NotFound, TooManyReq
 from projector.metrics import Metrics
 from projector.model import Copy, parse_copy
 from projector.reconcile import (
-    CONFLICT_MESSAGE,
     Action,
     Desired,
     Outcome,
@@ -53,6 +52,7 @@ from projector.reconcile import (
     Reason,
     Step,
     WriteResult,
+    conflict_message,
     may_write,
 )
 
@@ -354,7 +354,7 @@ class Writer:
         stored = parse_copy({"metadata": meta}, bodies.kind)
         place = plan.snapshot.namespaces.get(ns)
         if place is None or not may_write(plan.snapshot, stored, place):
-            return Outcome(step, Reason.CONFLICT, CONFLICT_MESSAGE)
+            return Outcome(step, Reason.CONFLICT, conflict_message(bodies.kind))
         update = bodies.body(ns, stored.resource_version, keep=stored)
         await self._send(
             lambda api: api.replace(

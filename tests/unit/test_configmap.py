@@ -139,7 +139,10 @@ def test_an_unowned_configmap_in_the_place_is_a_conflict() -> None:
     grant, source = cm_grant(), cm_source()
     theirs = parse_copy({"metadata": {"namespace": "a", "name": SRC_NAME, "uid": "x"}}, CM)
     snap = make_snapshot(grant, source, namespaces=namespaces("a", "b"), copies=[theirs])
-    assert summary(plan(snap), SRC_NAME)["a"] == (Action.NOOP, Reason.CONFLICT)
+    p = plan(snap)
+    assert summary(p, SRC_NAME)["a"] == (Action.NOOP, Reason.CONFLICT)
+    step = next(s for s in p.steps if s.namespace == "a")
+    assert step.message == "a ConfigMap of that name exists and is not owned by this grant"
 
 
 def test_revoking_a_configmap_grant_deletes_its_configmaps_only() -> None:
