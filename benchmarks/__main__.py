@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import e2e, failover, hotpath
+from benchmarks import e2e, failover, hotpath, scaling
 from benchmarks.common import RESULTS
 from benchmarks.harness import control_plane
 from projector.kube import Kube
@@ -36,6 +36,14 @@ SIZES: dict[str, dict[str, Any]] = {
         "burst": (1_000, 100),
         "world": (1_000, 1_000, 10, 10_000),
         "failover": (3, ("defaults (15 s lease)", "5 s lease", "3 s lease")),
+        "scaling": {
+            "namespaces": (1_000, 5_000, 10_000),
+            "grants": (1_000, 2_500, 5_000),
+            "copies": (10_000, 25_000, 50_000),
+            "unrelated": (10_000, 50_000, 100_000),
+            "rate": ((5.0, 20.0, 100.0, 400.0), 10.0),
+            "budget_seconds": 420,
+        },
     },
     "quick": {
         "hot": (10, 1_000),
@@ -47,6 +55,14 @@ SIZES: dict[str, dict[str, Any]] = {
         "burst": (1_000, 100),
         "world": (100, 100, 10, 1_000),
         "failover": (1, ("5 s lease", "3 s lease")),
+        "scaling": {
+            "namespaces": (200, 500, 1_000),
+            "grants": (100, 250, 500),
+            "copies": (1_000, 2_500, 5_000),
+            "unrelated": (1_000, 5_000, 10_000),
+            "rate": ((5.0, 20.0, 100.0), 5.0),
+            "budget_seconds": 300,
+        },
     },
     "tiny": {
         "hot": (10,),
@@ -58,6 +74,14 @@ SIZES: dict[str, dict[str, Any]] = {
         "burst": (20, 3),
         "world": (4, 4, 2, 10),
         "failover": (1, ("2 s lease",)),
+        "scaling": {
+            "namespaces": (3,),
+            "grants": (3,),
+            "copies": (100,),
+            "unrelated": (5,),
+            "rate": ((5.0,), 1.0),
+            "budget_seconds": 60,
+        },
     },
 }
 OUT = {"full": RESULTS, "quick": RESULTS.parent / "results-quick"}
@@ -115,6 +139,8 @@ async def run_e2e(
             paths.extend(
                 await e2e.restart_and_memory(kube, kubeconfig, work, g, ns, per, unrelated, out)
             )
+        if "scaling" in only:  # last: its objects stay in the cluster
+            paths.append(await scaling.run(kube, kubeconfig, work, size["scaling"], out))
     finally:
         await kube.close()
     return paths
@@ -129,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         help="results folder (default: benchmarks/results for full, benchmarks/results-quick "
         "for quick; tiny requires it)",
     )
-    p.add_argument("--only", default="hotpath,fanout,latency,burst,failover,restart")
+    p.add_argument("--only", default="hotpath,fanout,latency,burst,failover,restart,scaling")
     p.add_argument(
         "--kubeconfig",
         type=Path,

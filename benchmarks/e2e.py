@@ -26,6 +26,7 @@ alike; each block's first sample is a warm-up, dropped and counted in the result
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -53,6 +54,8 @@ from benchmarks.harness import (
 )
 from projector.api import GRANTS, SECRETS
 from projector.kube import Kube
+from tests.otel.harness import Collector
+from tests.otel.harness import binary as otel_binary
 from tests.support import api_client, b64
 
 MANAGED = "projector.nebari.dev/managed-by=projector"
@@ -328,7 +331,8 @@ async def latency(
         await ensure(kube, SECRETS, secret(n, {"token": "v0"}, labels={"bench-floor": "lat"}), dst)
     await ensure(kube, GRANTS, grant("lat", (src, "hub"), targets=[dst]))
     series = {d: Series() for d in debounces}
-    floor = Series()
+    floors = {f: Series() for f in FLOORS}
+    floor_splits: dict[str, list[list[float]]] = {f: [] for f in FLOORS}
     values = Values("lat")
     async with observer(kubeconfig) as obs:
         for b in range(blocks):
@@ -346,30 +350,43 @@ async def latency(
                         t0 = await put_value(obs, src, "hub", "token", value)
                         t1 = await watch.reached([(dst, "hub")], value)
                         series[debounce].add(i == 0, t1 - t0, None, 1)
-            async with FloorProcess(kubeconfig, work / "floor-lat.log") as fp:
-                await fp.call("watch", selector="bench-floor=lat")
-                start = time.monotonic()
-                for i in range(per_block + 1):
-                    value = values.next()
-                    await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
-                    r = await fp.call(
-                        "roundtrips",
-                        namespace=dst,
-                        names=["floor-a", "floor-b"],
-                        key="token",
-                        value=value,
-                    )
-                    floor.add(i == 0, r["t1"] - r["t0"], r["cpu"], r["writes"])
+            for fname, module in FLOORS.items():
+                async with FloorProcess(kubeconfig, work / "floor-lat.log", module) as fp:
+                    await fp.call("watch", selector="bench-floor=lat")
+                    start = time.monotonic()
+                    for i in range(per_block + 1):
+                        value = values.next()
+                        await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
+                        r = await fp.call(
+                            "roundtrips",
+                            namespace=dst,
+                            names=["floor-a", "floor-b"],
+                            key="token",
+                            value=value,
+                        )
+                        floors[fname].add(i == 0, r["t1"] - r["t0"], r["cpu"], r["writes"])
+                        if i:
+                            floor_splits[fname].append(_splits(r["t0"], r["marks"]))
+        stages = await _stages(kubeconfig, work, obs, src, dst, values, per_block, rate)
     systems: dict[str, Any] = {
         f"projector (debounce {d})": series[d].result("end_to_end") for d in debounces
     }
-    f = floor.result("end_to_end")
-    systems["floor (2 write+watch round trips)"] = f
-    ratios = {
-        f"{k} / floor p50": v["end_to_end"]["median"] / f["end_to_end"]["median"]
-        for k, v in systems.items()
-        if k.startswith("projector")
-    }
+    for fname in FLOORS:
+        systems[fname] = floors[fname].result("end_to_end")
+        for part, xs in zip(FLOOR_PARTS, zip(*floor_splits[fname], strict=True), strict=True):
+            systems[fname][part] = summary(list(xs), "ms")
+    systems["projector (debounce 0, traced: stages)"] = stages
+    f = systems[FLOOR]["end_to_end"]["median"]
+    ratios: dict[str, float] = {}
+    for k, v in systems.items():
+        if k.startswith("projector") and "end_to_end" in v:
+            ratios[f"{k} / floor p50"] = v["end_to_end"]["median"] / f
+            ratios[f"{k} - floor p50 (ms)"] = v["end_to_end"]["median"] - f
+    plain = systems[PLAIN_FLOOR]["end_to_end"]["median"]
+    ratios[f"{FLOOR} / {PLAIN_FLOOR} p50"] = f / plain
+    ratios["projector (debounce 0) / plain floor p50"] = (
+        systems["projector (debounce 0)"]["end_to_end"]["median"] / plain
+    )
     await kube.delete(GRANTS, "lat")
     return write_result(
         "latency",
@@ -380,14 +397,108 @@ async def latency(
             "debounces": list(debounces),
             "warmup_dropped": {
                 **{f"projector (debounce {d})": series[d].warmup_dropped for d in debounces},
-                "floor": floor.warmup_dropped,
+                **{k: v.warmup_dropped for k, v in floors.items()},
             },
-            "floor_client": "aiohttp + orjson, own process",
+            "floor_clients": {
+                FLOOR: "aiohttp + orjson, own process (benchmarks/floor.py)",
+                PLAIN_FLOOR: "http.client + json, a watch thread, own process "
+                "(benchmarks/floor_sync.py)",
+            },
         },
         systems,
         ratios,
         out=out,
     )
+
+
+FLOOR = "floor (2 write+watch round trips)"
+PLAIN_FLOOR = "plain floor (2 write+watch round trips, stdlib sync client)"
+FLOORS = {FLOOR: "benchmarks.floor", PLAIN_FLOOR: "benchmarks.floor_sync"}
+FLOOR_PARTS = ("write A", "watch event of A", "write B", "watch event of B")
+STAGES = (
+    "trigger write + watch event to the controller + queue hand-off",
+    "snapshot + plan",
+    "copy write (serialize, send, server, parse)",
+    "watch event of the copy to the harness",
+    "after the write in the reconcile (status, metrics)",
+)
+
+
+def _splits(t0: float, marks: list[float]) -> list[float]:
+    """Milliseconds between consecutive marks, the first from t0."""
+    return [(b - a) * 1000 for a, b in zip([t0, *marks], marks, strict=False)]
+
+
+async def _stages(
+    kubeconfig: Path,
+    work: Path,
+    obs: Observer,
+    src: str,
+    dst: str,
+    values: Values,
+    samples: int,
+    rate: float,
+) -> dict[str, Any]:
+    """Where one change's milliseconds go: a block of debounce-0 samples with the controller
+    exporting spans to a real collector; each sample split at its reconcile span's start and
+    its write span's start and end (span clocks are wall time: converted with one offset taken
+    here). Tracing costs CPU of its own, so these samples are not mixed into the series."""
+    collector = Collector(otel_binary(), work / "otelcol-lat")
+    offset = time.time_ns() - time.monotonic_ns()
+    marks: list[tuple[float, float]] = []
+    try:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint}
+        log = work / "controller-lat-stages.log"
+        async with (
+            controller(kubeconfig, log, "--debounce=0", env=env),
+            Watcher(obs, MANAGED, "token") as watch,
+        ):
+            await watch.until(lambda: (dst, "hub") in watch.values, 120)
+            start = time.monotonic()
+            for i in range(samples + 1):
+                value = values.next()
+                await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
+                t0 = await put_value(obs, src, "hub", "token", value)
+                t1 = await watch.reached([(dst, "hub")], value)
+                if i:
+                    marks.append((t0, t1))
+    finally:  # the controller's exit flushed its spans; the collector's flushes its file
+        collector.stop()
+    spans = _span_times(collector.file, offset)
+    recs = sorted((s for s in spans.values() if s["name"] == "reconcile"), key=lambda s: s["start"])
+    writes = {s["parent"]: s for s in spans.values() if s["name"] == "write"}
+    parts: list[list[float]] = []
+    for t0, t1 in marks:
+        rec = next((r for r in recs if r["start"] > t0 and r["id"] in writes), None)
+        if rec is None or rec["start"] > t1:
+            continue
+        w = writes[rec["id"]]
+        points = [t0, rec["start"], w["start"], w["end"], t1]
+        parts.append([*_splits(points[0], points[1:]), (rec["end"] - w["end"]) * 1000])
+    columns = list(zip(*parts, strict=True)) if parts else [() for _ in STAGES]
+    out: dict[str, Any] = {
+        name: summary(list(xs), "ms") for name, xs in zip(STAGES, columns, strict=True)
+    }
+    out["end_to_end"] = summary([(t1 - t0) * 1000 for t0, t1 in marks], "ms")
+    out["end_to_end"]["matched_to_spans"] = len(parts)
+    return out
+
+
+def _span_times(file: Path, offset_ns: int) -> dict[str, dict[str, Any]]:
+    """Every span of the collector's file: name, parent, start and end on the monotonic clock."""
+    out: dict[str, dict[str, Any]] = {}
+    for line in file.read_text().splitlines() if file.exists() else []:
+        for rs in json.loads(line).get("resourceSpans", []):
+            for ss in rs.get("scopeSpans", []):
+                for s in ss.get("spans", []):
+                    out[s["spanId"]] = {
+                        "id": s["spanId"],
+                        "name": s["name"],
+                        "parent": s.get("parentSpanId", ""),
+                        "start": (int(s["startTimeUnixNano"]) - offset_ns) / 1e9,
+                        "end": (int(s["endTimeUnixNano"]) - offset_ns) / 1e9,
+                    }
+    return out
 
 
 async def _fanout_blocks(

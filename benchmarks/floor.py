@@ -20,7 +20,8 @@ Commands:
 - ``{"op": "watch", "selector": S}``: open a watch on Secrets matching S (for round trips).
 - ``{"op": "roundtrips", "namespace": NS, "names": [A, B], "key": K, "value": V}``: write A,
   wait for the watch event showing it, then B: two write+watch round trips, the least a
-  controller must do for one change and one copy. Answers t0, t1, cpu.
+  controller must do for one change and one copy. Answers t0, t1, cpu, and marks (each
+  write's response and watch event).
 - ``{"op": "quit"}``.
 """
 
@@ -262,14 +263,18 @@ class Floor:
         encoded = base64.b64encode(value.encode()).decode()
         cpu0 = time.process_time()
         t0 = time.monotonic()
+        marks = []  # per write: its response, then its watch event
         for name in names:
             k = (namespace, name)
             body = self.bodies[k]
             body["data"][key] = encoded
             await self.client.put(body)
+            marks.append(time.monotonic())
             await self._until(k, value)
+            marks.append(time.monotonic())
         t1 = time.monotonic()
-        return {"t0": t0, "t1": t1, "cpu": time.process_time() - cpu0, "writes": len(names)}
+        cpu = time.process_time() - cpu0
+        return {"t0": t0, "t1": t1, "cpu": cpu, "writes": len(names), "marks": marks}
 
     async def close(self) -> None:
         if self._watch:
@@ -313,8 +318,9 @@ async def serve(kubeconfig: Path) -> None:
 class FloorProcess:
     """The harness side: start `python -m benchmarks.floor`, send commands, read answers."""
 
-    def __init__(self, kubeconfig: Path, log: Path) -> None:
-        self.kubeconfig, self.log = kubeconfig, log
+    def __init__(self, kubeconfig: Path, log: Path, module: str = "benchmarks.floor") -> None:
+        """`module`: benchmarks.floor (aiohttp + orjson) or benchmarks.floor_sync (stdlib)."""
+        self.kubeconfig, self.log, self.module = kubeconfig, log, module
         self.proc: asyncio.subprocess.Process | None = None
 
     async def __aenter__(self) -> FloorProcess:
@@ -323,7 +329,7 @@ class FloorProcess:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "benchmarks.floor",
+                self.module,
                 str(self.kubeconfig),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,

@@ -244,7 +244,11 @@ async def settle(c: ControllerProcess, within: float = 600.0) -> None:
 
 @contextlib.asynccontextmanager
 async def controller(
-    kubeconfig: Path, log: Path, *extra: str, leader_elect: bool = False
+    kubeconfig: Path,
+    log: Path,
+    *extra: str,
+    leader_elect: bool = False,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[ControllerProcess]:
     c = launch(
         kubeconfig,
@@ -253,6 +257,7 @@ async def controller(
         *extra,
         python=controller_python(),
         leader_elect=leader_elect,
+        env=env,
     )
     try:
         await wait_ready(c)

@@ -4,9 +4,9 @@ On a real node (tests/node: kubelet + containerd + runc) joined to a fresh local
 a consumer pod mounts the copy as a volume. For each rotation (at a random moment, see
 ``rotations``), t0 is just before the write of the source; t1 is when the new value is read
 from the file *inside the running container* (through ``/proc/<container pid>/root``: the
-container's own mount namespace, the file the process in it reads). projector and projection
-run side by side on the same node, one after the other, against the same control plane, with
-the same admin identity.
+container's own mount namespace, the file the process in it reads). The floor (a pod mounting
+the very Secret that is written: no controller between), projector and projection run on the
+same node, one after the other, against the same control plane, with the same admin identity.
 
 The kubelet's ``syncFrequency`` bounds how soon it rewrites a Secret volume after the copy
 changed: the test node uses 100ms (``tests.node.node.SYNC_FREQUENCY``); Kubernetes' default 1m
@@ -169,6 +169,12 @@ def run(count: int, out: Path) -> dict[str, Any]:
         core = client.CoreV1Api(api)
         custom = client.CustomObjectsApi(api)
 
+        # the floor: the mounted Secret itself written, no controller between
+        namespaces(core, "pb-app")
+        source(core, "pb-app", "db", "pb-app")
+        path = consumer_pod(core, node, "pb-app", "db", image)
+        results["bare write"] = {METRIC: summary(rotations(core, "pb-app", "db", path, count), "s")}
+
         # projector
         namespaces(core, "pl-src", "pl-app")
         source(core, "pl-src", "db", "pl-app")
@@ -226,7 +232,13 @@ def run(count: int, out: Path) -> dict[str, Any]:
         "kubelet_sync_frequency": SYNC_FREQUENCY,
         "kubelet_secret_change_detection": "Watch",
     }
-    path = write_result("pod-latency", parameters, results, out=out)
+    bare = results["bare write"][METRIC]["median"]
+    ratios = {
+        f"{name} / bare write p50": m[METRIC]["median"] / bare
+        for name, m in results.items()
+        if name != "bare write" and METRIC in m
+    }
+    path = write_result("pod-latency", parameters, results, ratios, out=out)
     return {"path": str(path), "systems": results}
 
 

@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from benchmarks import scaling_report
 from benchmarks.common import REPO, RESULTS
 
 DOCS = REPO / "docs"
@@ -171,6 +172,9 @@ def render(
         "burst": "writes_per_copy",
     }
     for name, doc in docs.items():
+        if "axes" in doc:  # the scaling result has a page of its own
+            out += [f"## {name}", "", "See [the scale of one replica](scaling.md).", ""]
+            continue
         out += [
             f"## {name}",
             "",
@@ -427,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", type=Path, default=DOCS / "benchmarks.md")
     a = p.parse_args(argv)
     print(render(a.results, a.target))
+    scaling = scaling_report.render(a.results, a.target.parent / "scaling.md")
+    if scaling:
+        print(scaling)
     return 0
 
 

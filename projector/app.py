@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -38,7 +39,7 @@ from projector.metrics import Metrics
 from projector.queue import WorkQueue
 from projector.recorder import Recorder
 from projector.rollout import Ref, Rollouts
-from projector.store import Store
+from projector.store import Cache, Store
 from projector.tracing import configure_tracing, spans_exported
 from projector.writer import Writer
 
@@ -90,6 +91,7 @@ class Process:
         self.behind = False
         """Some cache was behind the server (a failed list or watch, a relist) since the last
         time every cache was current."""
+        self.informers = [self._informer(c) for c in store.caches]
         self.queue: WorkQueue[str] = WorkQueue(
             debounce=cfg.debounce,
             debounce_max=cfg.debounce_max,
@@ -106,7 +108,6 @@ class Process:
             fence=fence,
         )
         self.rollouts: Rollouts | None = None
-        caches = list(store.caches)
         if cfg.rollouts:  # off: no workload is even listed
             rollout_queue: WorkQueue[Ref] = WorkQueue(
                 debounce=cfg.rollout_debounce, debounce_max=cfg.rollout_debounce_max
@@ -114,17 +115,8 @@ class Process:
             self.rollouts = Rollouts(
                 store, writer, queue=rollout_queue, metrics=metrics, instance=cfg.id
             )
-            caches += self.rollouts.caches
-        self.informers = [
-            Informer(
-                kube,
-                c,
-                on_event=self._on_informer_event,
-                timeout_seconds=cfg.watch_timeout,
-                read_deadline=cfg.informer_stall_after / 2,
-            )
-            for c in caches
-        ]
+            self.informers += [self._informer(c) for c in self.rollouts.caches]
+        self.caches = [i.cache for i in self.informers]
         metrics.bind_informers((i.name for i in self.informers), cfg.informer_stall_after)
         self.controller = Controller(
             store,
@@ -142,6 +134,16 @@ class Process:
         """The workers of the current leadership term (none while following)."""
         self.runner = web.AppRunner(
             http_app(metrics, alive=self.alive, ready=self.ready), access_log=None
+        )
+
+    def _informer(self, cache: Cache[Any, Any]) -> Informer[Any, Any]:
+        cfg = self.cfg
+        return Informer(
+            self.kube,
+            cache,
+            on_event=self._on_informer_event,
+            timeout_seconds=cfg.watch_timeout,
+            read_deadline=cfg.informer_stall_after / 2,
         )
 
     @classmethod
@@ -192,7 +194,7 @@ class Process:
 
     def ready(self) -> bool:
         """Every cache has synced and none is known to be behind the server right now."""
-        return all(i.cache.synced.is_set() and i.cache.healthy.is_set() for i in self.informers)
+        return all(c.synced.is_set() and c.healthy.is_set() for c in self.caches)
 
     def _on_informer_event(self, kind: str, type_: str) -> None:
         self.metrics.on_informer_event(kind, type_)
@@ -223,9 +225,8 @@ class Process:
             tasks.extend(tg.create_task(i.run(), name=f"informer-{i.name}") for i in self.informers)
             if elector is not None:
                 tasks.append(tg.create_task(elector.run(), name="elector"))
-            caches = [i.cache for i in self.informers]
-            await asyncio.gather(*(c.synced.wait() for c in caches))
-            log.info("caches synced", **{c.spec.kind.value: len(c) for c in caches})
+            await asyncio.gather(*(c.synced.wait() for c in self.caches))
+            log.info("caches synced", **{c.spec.kind.value: len(c) for c in self.caches})
             if elector is not None:  # a hot standby until it leads: synced, ready, waiting
                 tasks.append(tg.create_task(self._lead(tg, elector), name="leadership"))
             else:
@@ -258,11 +259,11 @@ class Process:
 
     def _requeue_interrupted(self) -> None:
         """Keys whose reconcile was cancelled with its term are queued for the next one."""
-        rollouts = (self.rollouts.queue,) if self.rollouts is not None else ()
-        for queue in (self.queue, *rollouts):
-            for key in list(queue.processing):
-                queue.done(key)
-                queue.add_now(key)
+        rollouts = self.rollouts
+        for q in (self.queue, *((rollouts.queue,) if rollouts else ())):
+            for key in list(q.processing):
+                q.done(key)
+                q.add_now(key)
 
     async def shut_down(self, task: asyncio.Task[None], stopper: asyncio.Task[bool]) -> None:
         """Drain the reconciles under way, cancel `serve`'s task, release the Lease, close all."""

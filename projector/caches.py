@@ -17,18 +17,16 @@ from typing import Generic, TypeVar
 
 import structlog
 
-from projector.api import CONFIGMAPS, GRANTS, NAMESPACES, SECRETS, Obj, Resource
+from projector.api import BY_KIND, GRANTS, NAMESPACES, Obj, Resource
 from projector.errors import InvalidGrant, ProjectorError
 from projector.model import (
     EXPORT_LABEL,
     EXPORT_VALUE,
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
-    Copy,
     GrantRecord,
     Namespace,
     ObjectKey,
-    Source,
     SourceKind,
     parse_copy,
     parse_grant_record,
@@ -55,14 +53,9 @@ class Kind(StrEnum):
     """Projected ConfigMaps; their changes are reported as COPY."""
 
 
-def _namespaced_key(obj: Obj) -> ObjectKey:
+def _namespaced_key(obj: Obj, kind: SourceKind = SourceKind.SECRET) -> ObjectKey:
     meta = obj["metadata"]
-    return ObjectKey(meta["namespace"], meta["name"])
-
-
-def _config_map_key(obj: Obj) -> ObjectKey:
-    meta = obj["metadata"]
-    return ObjectKey(meta["namespace"], meta["name"], SourceKind.CONFIG_MAP)
+    return ObjectKey(meta["namespace"], meta["name"], kind)
 
 
 def _name_key(obj: Obj) -> str:
@@ -161,42 +154,35 @@ at most ~28 MiB on the wire and as much again parsed, within the 200 MiB the Dep
 given, whatever the sizes; a page of 500 (the default) was 190 MiB for 150 copies of 1 MiB."""
 
 GRANT_SPEC: Spec[str, GrantRecord] = Spec(Kind.GRANT, GRANTS, parse_grant_record, _name_key)
-SOURCE_SPEC: Spec[ObjectKey, Source] = Spec(
-    Kind.SOURCE,
-    SECRETS,
-    parse_source,
-    _namespaced_key,
-    f"{EXPORT_LABEL}={EXPORT_VALUE}",
-    SECRET_PAGE,
-)
+
+
+def _namespaced(
+    kind: Kind, of: SourceKind, parse: Callable[..., T], selector: str
+) -> Spec[ObjectKey, T]:
+    """Secrets or ConfigMaps (`of`) of one label, by kind, namespace and name.
+
+    Listed `SECRET_PAGE` at a time: a ConfigMap, too, may hold 1 MiB.
+    """
+    return Spec(
+        kind,
+        BY_KIND[of],
+        functools.partial(parse, kind=of),
+        functools.partial(_namespaced_key, kind=of),
+        selector,
+        SECRET_PAGE,
+    )
+
+
+EXPORTED = f"{EXPORT_LABEL}={EXPORT_VALUE}"
+MANAGED = f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"
+SOURCE_SPEC = _namespaced(Kind.SOURCE, SourceKind.SECRET, parse_source, EXPORTED)
 """Only contract Secrets: the other Secrets of the cluster are never transferred or cached."""
 NAMESPACE_SPEC: Spec[str, Namespace] = Spec(Kind.NAMESPACE, NAMESPACES, parse_namespace, _name_key)
-COPY_SPEC: Spec[ObjectKey, Copy] = Spec(
-    Kind.COPY,
-    SECRETS,
-    parse_copy,
-    _namespaced_key,
-    f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}",
-    SECRET_PAGE,
-)
+COPY_SPEC = _namespaced(Kind.COPY, SourceKind.SECRET, parse_copy, MANAGED)
 """Copies are read whole (their data is hashed) but cached as metadata and that hash."""
-CONFIG_SOURCE_SPEC: Spec[ObjectKey, Source] = Spec(
-    Kind.CONFIG_SOURCE,
-    CONFIGMAPS,
-    functools.partial(parse_source, kind=SourceKind.CONFIG_MAP),
-    _config_map_key,
-    f"{EXPORT_LABEL}={EXPORT_VALUE}",
-    SECRET_PAGE,
-)
+CONFIG_SOURCE_SPEC = _namespaced(Kind.CONFIG_SOURCE, SourceKind.CONFIG_MAP, parse_source, EXPORTED)
 """Only contract ConfigMaps, as for Secrets: the cluster's other ConfigMaps cost nothing."""
-CONFIG_COPY_SPEC: Spec[ObjectKey, Copy] = Spec(
-    Kind.CONFIG_COPY,
-    CONFIGMAPS,
-    functools.partial(parse_copy, kind=SourceKind.CONFIG_MAP),
-    _config_map_key,
-    f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}",
-    SECRET_PAGE,
-)
+CONFIG_COPY_SPEC = _namespaced(Kind.CONFIG_COPY, SourceKind.CONFIG_MAP, parse_copy, MANAGED)
 """Projected ConfigMaps: like Secret copies, cached as metadata and the hash of their data."""
 
 

@@ -175,7 +175,7 @@ FLAGS = (
         "fails, e.g. 120s (an unreachable server never fails it)",
     ),
 )
-"""The flags that set one `Config` field each (besides --kubeconfig, --leader-elect, --id)."""
+"""The flags that set one `Config` field each (besides --kubeconfig, the switches, --id)."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -226,8 +226,8 @@ def parse(argv: Sequence[str] | None = None) -> Config:
     return Config(
         kubeconfig=a.kubeconfig,
         leader_elect=a.leader_elect,
+        rollouts=a.rollouts,
         id=a.id,
         lease=lease,
-        rollouts=a.rollouts,
         **fields,
     )

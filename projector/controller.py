@@ -115,8 +115,15 @@ class Controller:
             add(name)
 
     def resync(self) -> None:
-        """Queue every cached grant once (a new leader's caches are warm, its queue is not)."""
-        self._enqueue(Kind.GRANT, self.store.grant_names())
+        """Queue every cached grant now, its backoff started over.
+
+        A new term's caches are warm and its queue is not; and after an outage the failures
+        that grew a grant's backoff were the server's, not the grant's.
+        """
+        names = self.store.grant_names()
+        for name in names:
+            self.queue.forget(name)
+        self._enqueue(Kind.GRANT, names)
         if self.rollouts is not None:
             self.rollouts.resync()
 

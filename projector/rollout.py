@@ -341,9 +341,14 @@ class Rollouts:
         return self.store.copies.healthy.is_set() and all(c.healthy.is_set() for c in self.caches)
 
     def resync(self) -> None:
-        """Queue every opted-in workload once (a new leader: no-ops unless something changed)."""
+        """Queue every opted-in workload once, its backoff started over.
+
+        A new leader's are no-ops unless something changed; an outage's failures were the
+        server's, not the workload's.
+        """
         for cache in self.caches:
             for ref in list(cache):
+                self.queue.forget(ref)
                 self.queue.add_now(ref)
 
     def stop(self) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
@@ -246,12 +246,7 @@ class Writer:
         writes = plan.writes
         if writes:
             bodies = _Bodies(plan.desired) if plan.desired is not None else None
-            try:  # one write that fails unexpectedly (a fence, a bug) cancels its siblings
-                async with asyncio.TaskGroup() as tg:
-                    tasks = [tg.create_task(self._run(plan, s, bodies)) for s in writes]
-            except BaseExceptionGroup as group:
-                raise group.exceptions[0] from None
-            outcomes.extend(t.result() for t in tasks)
+            outcomes.extend(await _together([self._run(plan, s, bodies) for s in writes]))
         return outcomes
 
     async def _run(self, plan: Plan, step: Step, bodies: _Bodies | None) -> Outcome:
@@ -434,3 +429,26 @@ class Writer:
             await self._send(lambda api: api.create(EVENTS, event, namespace=namespace))
         except ApiError as e:
             log.warning("event not recorded", status=e.status, reason=e.reason, error=e.message)
+
+
+async def _together(writes: list[Coroutine[Any, Any, Outcome]]) -> list[Outcome]:
+    """Run `writes` at once; the first to fail unexpectedly (a fence, a bug) cancels the rest.
+
+    The error is raised, unless this task was cancelled meanwhile: a cancellation always wins.
+
+    Not an `asyncio.TaskGroup`: it raises its children's errors over its own cancellation, so a
+    term's worker, cancelled just as its fence closed, got `Fenced`, took it for a refused
+    write and went on as a zombie of the old term (after an outage, the next change then waited
+    out the backoff that the refusals grew: about 42 s).
+    """
+    tasks = [asyncio.create_task(w) for w in writes]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.wait(tasks)
+        errors = [e for t in tasks if not t.cancelled() and (e := t.exception()) is not None]
+    if errors:
+        raise errors[0]
+    return [t.result() for t in tasks]

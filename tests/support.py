@@ -167,6 +167,10 @@ class ServiceAccountKubeconfigFactory(Protocol):
 
 
 RBAC = Path(__file__).resolve().parents[1] / "deploy" / "rbac"
+OUTAGE_LANDS_WITHIN = 5.0
+"""Seconds from a change made once the API server is ready again after an outage to its first
+copy landing: a correctness bound (no backoff grown by the outage may be waited out), with
+headroom over DESIGN's 2 s target for a shared 2-core machine; the time itself is recorded."""
 """The shipped RBAC manifests (rendered from the chart by `make manifests`)."""
 
 

@@ -8,11 +8,16 @@
 # k8s.io/kubernetes and re-declares those replaces, generated from the published go.mod (never typed).
 # shellcheck source=../gobuild.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../gobuild.sh" controlplane
+# make compat builds other Kubernetes minors beside the pinned one: PROJECTOR_KUBE_VERSION picks the
+# k8s.io/kubernetes module version (cache, lock and binaries are keyed by it).
+KUBE_VERSION="${PROJECTOR_KUBE_VERSION:-$KUBE_VERSION}"
 gobuild_bin "kube-$KUBE_VERSION-etcd-$ETCD_VERSION"
-# Two builds at once (make binaries and a pytest session) would write the same .tmp files.
-hold_lock "$cache/kube-build.lock"
+# Two builds at once (make binaries and a pytest session) would write the same .tmp files; builds
+# of different versions write different files, so one need not wait for the other.
+hold_lock "$cache/kube-build-$KUBE_VERSION.lock"
 # The commands of the wrapper module (tools.go is generated from this list).
-KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+# PROJECTOR_KUBE_CMDS narrows it (make compat needs no kubelet: it starts no node).
+read -r -a KUBE_CMDS <<< "${PROJECTOR_KUBE_CMDS:-kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl}"
 
 build_kube() {
   local work="$cache/src/kube-$KUBE_VERSION" minor="${KUBE_VERSION#v1.}"

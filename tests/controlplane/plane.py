@@ -97,6 +97,12 @@ def read_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
     return versions
 
 
+def kube_version() -> str:
+    """The Kubernetes version the plane runs: the pin, or make compat's PROJECTOR_KUBE_VERSION
+    (build.sh reads the same variable)."""
+    return os.environ.get("PROJECTOR_KUBE_VERSION") or read_versions()["KUBE_VERSION"]
+
+
 def cache_dir() -> Path:
     """Mirror build.sh's cache location so the build lock lives next to the binaries."""
     if env := os.environ.get("PROJECTOR_CACHE"):
@@ -852,7 +858,7 @@ class ControlPlane:
                 time.sleep(POLL_INTERVAL)
 
     def version(self) -> dict[str, str]:
-        """The server's /version document (gitVersion is the pinned KUBE_VERSION)."""
+        """The server's /version document (gitVersion is `kube_version()`)."""
         return cast(dict[str, str], json.loads(self._get(f"{self.server}/version", tls=True)))
 
     def peak_rss_kib(self) -> dict[str, int]:

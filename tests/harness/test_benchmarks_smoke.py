@@ -19,7 +19,7 @@ from benchmarks.peers import all_peers
 from tests.controlplane.plane import ControlPlane, cache_dir
 from tests.launcher import REPO
 
-EXPECTED = {"hotpath", "fanout-5", "latency", "burst", "failover", "restart", "memory"}
+EXPECTED = {"hotpath", "fanout-5", "latency", "burst", "failover", "restart", "memory", "scaling"}
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +61,11 @@ def test_benchmarks_run_at_tiny_sizes(tiny: Path) -> None:
     assert burst["systems"]["projector"]["final_state_exact"]["value"] is True
     restart = load(tiny, "restart")
     assert restart["systems"]["projector"]["writes_after_restart"]["value"] == 0
+    scaling = load(tiny, "scaling")
+    for axis in ("namespaces", "grants", "copies", "unrelated"):
+        assert scaling["axes"][axis], axis
+        assert all(p["restart_writes"] == 0 for p in scaling["axes"][axis]), axis
+    assert scaling["axes"]["rate"][0]["updates"] >= 1
     fanout = load(tiny, "fanout-5")
     for system in ("projector", "floor"):
         assert fanout["systems"][system]["last_copy"]["samples"] >= 1

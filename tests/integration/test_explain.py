@@ -128,3 +128,37 @@ def test_explain_of_nothing_fails_clearly(control_plane: ControlPlane) -> None:
     assert "no ProjectionGrant named 'no-such-grant'" in unknown.stderr
     assert explain(control_plane.kubeconfig).returncode == 2
     assert explain(control_plane.kubeconfig, "--secret", "no-slash").returncode == 1
+
+
+def test_explain_without_cluster_wide_secret_read_stops_with_the_forbidden_request(
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    rbac_v1: client.RbacAuthorizationV1Api,
+    service_account_kubeconfig: Any,
+) -> None:
+    """docs/cli.md: grants and namespaces alone are not enough to plan; explain says which
+    request the server refused, and plans nothing on a partial view."""
+    src, dst = make_namespace(), make_namespace()
+    k8s.source(src, "hub", {"token": "CANARY-explain-rbac"}, export_to=dst)
+    grant = k8s.grant((src, "hub"), namespaces=[dst])
+    role = unique_name("explain-no-secrets")
+    rbac_v1.create_cluster_role(
+        client.V1ClusterRole(
+            metadata=client.V1ObjectMeta(name=role),
+            rules=[
+                client.V1PolicyRule(
+                    api_groups=["projector.nebari.dev"],
+                    resources=["projectiongrants"],
+                    verbs=["get", "list"],
+                ),
+                client.V1PolicyRule(api_groups=[""], resources=["namespaces"], verbs=["list"]),
+            ],
+        )
+    )
+    try:
+        out = explain(service_account_kubeconfig(role, src), grant)
+    finally:
+        rbac_v1.delete_cluster_role(role)
+    assert out.returncode != 0 and out.stdout == ""
+    assert "403" in out.stderr and 'cannot list resource "secrets"' in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr

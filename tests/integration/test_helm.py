@@ -26,6 +26,7 @@ from kubernetes import client, dynamic
 from observability import rules
 from tests.controlplane.plane import CONTROLLER_MANAGER, ControlPlane
 from tests.helm import chart
+from tests.integration import test_big_secrets as big_secrets
 from tests.launcher import REPO, ControllerProcess, launch
 from tests.support import (
     Canaries,
@@ -238,8 +239,18 @@ def test_the_chart_renders_the_generated_rules_with_the_selector_and_runbook_fro
         ("podSecurityContext.runAsUser=0", "runAsUser"),
         ("replicaCount=-1", "replicaCount"),
         ("noSuchValue=1", "noSuchValue"),
-        ("leaderElection.enabled=false", "replicaCount=1"),
+        ("leaderElection.enabled=false", "/replicaCount': maximum: got 2, want 1"),
         ("tracing.samplerRatio=2", "samplerRatio"),
+        ("podSecurityContext.seccompProfile.type=Unconfined", "seccompProfile/type"),
+        ("securityContext.seccompProfile.type=Unconfined", "seccompProfile/type"),
+        ("podSecurityContext.runAsGroup=0", "runAsGroup"),
+        ("podSecurityContext.fsGroup=0", "fsGroup"),
+        ("securityContext.runAsUser=0", "runAsUser"),
+        ("securityContext.runAsGroup=0", "runAsGroup"),
+        ("securityContext.privileged=true", "privileged"),
+        ("securityContext.capabilities.add[0]=NET_ADMIN", "capabilities/add"),
+        ("probes.liveness.successThreshold=2", "successThreshold"),
+        ("strategy.type=Sideways", "strategy/type"),
     ],
 )
 def test_values_schema_refuses_unsafe_or_unknown_values(
@@ -247,6 +258,93 @@ def test_values_schema_refuses_unsafe_or_unknown_values(
 ) -> None:
     with pytest.raises(RuntimeError, match=error):
         chart.template(helm_bin, f"--set={value}")
+
+
+OPERATOR_VALUES = [
+    "--set=commonLabels.team=platform",
+    "--set=commonLabels.cost-center=c42",
+    "--set=revisionHistoryLimit=2",
+    "--set=strategy.type=RollingUpdate",
+    "--set=strategy.rollingUpdate.maxUnavailable=0",
+    "--set=strategy.rollingUpdate.maxSurge=1",
+    "--set=topologySpreadConstraints[0].maxSkew=1",
+    "--set=topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+    "--set=topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway",
+    "--set=topologySpreadConstraints[0].labelSelector.matchLabels.app\\.kubernetes\\.io/name=projector",
+    "--set=probes.liveness.periodSeconds=20",
+    "--set=probes.liveness.failureThreshold=6",
+    "--set=probes.liveness.initialDelaySeconds=3",
+    "--set=probes.readiness.periodSeconds=2",
+    "--set=probes.readiness.timeoutSeconds=1",
+    "--set=extraVolumes[0].name=otel-ca",
+    "--set=extraVolumes[0].configMap.name=otel-ca",
+    "--set=extraVolumeMounts[0].name=otel-ca",
+    "--set=extraVolumeMounts[0].mountPath=/etc/otel-ca",
+    "--set=extraVolumeMounts[0].readOnly=true",
+]
+
+
+def test_operator_values_land_where_kubernetes_reads_them(helm_bin: Path) -> None:
+    """Spread, probes, volumes, strategy, history and common labels: each in its field, and
+    common labels on every object and the pods but never in a selector."""
+    defaults = render(helm_bin)
+    docs = render(helm_bin, *OPERATOR_VALUES, *ALL_ON)
+    deploy = docs[("Deployment", "projector")]["spec"]
+    pod = deploy["template"]["spec"]
+    assert deploy["revisionHistoryLimit"] == 2
+    assert deploy["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
+    assert pod["topologySpreadConstraints"] == [
+        {
+            "maxSkew": 1,
+            "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "projector"}},
+        }
+    ]
+    assert pod["volumes"] == [{"name": "otel-ca", "configMap": {"name": "otel-ca"}}]
+    c = container(docs)
+    assert c["volumeMounts"] == [{"name": "otel-ca", "mountPath": "/etc/otel-ca", "readOnly": True}]
+    live, ready = c["livenessProbe"], c["readinessProbe"]
+    assert (live["periodSeconds"], live["failureThreshold"], live["initialDelaySeconds"]) == (
+        20,
+        6,
+        3,
+    )
+    assert live["timeoutSeconds"] == 5  # the default of what was not overridden
+    assert (ready["periodSeconds"], ready["timeoutSeconds"], ready["failureThreshold"]) == (2, 1, 2)
+    for (kind, name), doc in docs.items():
+        assert doc["metadata"]["labels"]["team"] == "platform", (kind, name)
+    assert deploy["template"]["metadata"]["labels"]["cost-center"] == "c42"
+    selectors = [deploy["selector"], docs[("PodDisruptionBudget", "projector")]["spec"]["selector"]]
+    selectors.append({"matchLabels": docs[("Service", "projector-metrics")]["spec"]["selector"]})
+    assert all("team" not in s["matchLabels"] for s in selectors)
+    # Unset, none of them is rendered, and Kubernetes' own defaults apply.
+    default_pod = defaults[("Deployment", "projector")]["spec"]["template"]["spec"]
+    assert "strategy" not in defaults[("Deployment", "projector")]["spec"]
+    assert not {"topologySpreadConstraints", "volumes"} & set(default_pod)
+    assert "volumeMounts" not in container(defaults)
+
+
+def mib(quantity: str) -> float:
+    """A memory quantity (Mi, Gi, or bytes) in MiB."""
+    units = {"Ki": 1 / 1024, "Mi": 1.0, "Gi": 1024.0}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return float(quantity[: -len(suffix)]) * factor
+    return float(quantity) / 2**20
+
+
+def test_default_memory_covers_the_measured_rss(helm_bin: Path) -> None:
+    """The request is at least the RSS measured at 1,000 grants and 10,000 copies (the memory
+    benchmark's result), the limit the peak the big-Secrets test bounds, with a margin."""
+    measured = json.loads((REPO / "benchmarks" / "results" / "memory.json").read_text())
+    at_size = measured["systems"]["projector"]["rss_at_size"]["value"]
+    resources = container(render(helm_bin))["resources"]
+    assert mib(resources["requests"]["memory"]) >= at_size
+    assert mib(resources["limits"]["memory"]) >= 1.5 * big_secrets.RSS_LIMIT_MIB
 
 
 def test_generated_manifests_are_up_to_date(helm_bin: Path) -> None:
@@ -314,6 +412,22 @@ def test_install_yaml_passes_a_server_side_dry_run_apply(
         server_side_apply(fresh_api, doc, dry_run=True)
     with pytest.raises(client.ApiException):  # the dry run really did not create anything
         core.read_namespaced_service_account("projector", NAMESPACE)
+
+
+def test_operator_values_pass_a_server_side_dry_run(
+    helm_bin: Path, fresh_api: client.ApiClient
+) -> None:
+    """The API server accepts the Deployment those values render (a liveness successThreshold
+    other than 1, a mount without its volume, would be refused here)."""
+    deploy = render(helm_bin, *OPERATOR_VALUES)[("Deployment", "projector")]
+    core = client.CoreV1Api(fresh_api)
+    with contextlib.suppress(client.ApiException):  # the install test may have made it already
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
+    server_side_apply(fresh_api, deploy, dry_run=True)
+    broken = json.loads(json.dumps(deploy))
+    broken["spec"]["template"]["spec"]["volumes"] = []
+    with pytest.raises(client.ApiException, match="otel-ca"):
+        server_side_apply(fresh_api, broken, dry_run=True)
 
 
 def sa_kubeconfig(plane: ControlPlane, api: client.ApiClient, path: Path) -> Path:

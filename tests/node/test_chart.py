@@ -9,11 +9,18 @@ uninstall`` leaves the CRD, the grants and every copy in place.
 
 from __future__ import annotations
 
+import ssl
 import time
+import urllib.request
+from collections import Counter
 
+import pytest
 import yaml
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
+from tests import support
+from tests.controlplane.plane import ControlPlane
 from tests.helm import chart
 from tests.node.node import Node
 from tests.node.release import NAMESPACE, NODE_VALUES, RELEASE, Release
@@ -120,6 +127,92 @@ def test_a_rolling_update_to_a_new_tag_keeps_projecting_within_the_pdb(
     k8s.patch_secret(src, "hub", {"data": {"token": value}})
     eventually(lambda: k8s.copy_data(dst, "hub") == {"token": value}, 20)
     print(f"\nrolling update: {n} source changes projected during the rollout")
+
+
+def liveness_probes(release: Release, node: Node, plane: ControlPlane) -> Counter[tuple[str, str]]:
+    """The kubelet's liveness probe results of the release's pods, by (pod, result), from its
+    own /metrics/probes on loopback, as the API server's kubelet client (the API server's node
+    proxy refuses a loopback node address)."""
+    port = release.core.read_node(node.name).status.daemon_endpoints.kubelet_endpoint.port
+    tls = ssl.create_default_context(cafile=str(plane.pki / "serving-ca.crt"))
+    tls.load_cert_chain(plane.pki / "kubelet-client.crt", plane.pki / "kubelet-client.key")
+    url = f"https://{node.name}:{port}/metrics/probes"  # the node's name resolves to 127.0.0.1
+    with urllib.request.urlopen(url, context=tls, timeout=10) as response:
+        text = response.read().decode()
+    counts: Counter[tuple[str, str]] = Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            if (
+                sample.name == "prober_probe_total"
+                and labels.get("probe_type") == "Liveness"
+                and labels.get("namespace") == NAMESPACE
+            ):
+                counts[labels["pod"], labels["result"]] += int(sample.value)
+    return counts
+
+
+@pytest.mark.parametrize(
+    "seconds",
+    [
+        pytest.param(12, id="10s"),
+        pytest.param(180, id="3m", marks=pytest.mark.long),
+    ],
+)
+def test_an_api_server_outage_restarts_no_pod_and_the_next_change_lands(
+    seconds: int,
+    release: Release,
+    node: Node,
+    control_plane: ControlPlane,
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    canaries: Canaries,
+) -> None:
+    """The API server stopped for 10 s (past the leader's renew deadline) or 3 minutes, with the
+    kubelet losing it too: every pod keeps running with restartCount 0, the kubelet's liveness
+    probes of /healthz all succeed meanwhile, and the next change lands once it is back."""
+    src, dst = projected(k8s, make_namespace, "CANARY-outage-0")
+    release.wait_rolled_out()
+    before = {p.metadata.name: p.status.container_statuses[0].restart_count for p in release.pods()}
+    assert set(before.values()) == {0}
+    probes_before = liveness_probes(release, node, control_plane)
+    containers = [
+        p.status.container_statuses[0].container_id.split("//")[-1] for p in release.pods()
+    ]
+
+    def running() -> bool:  # containerd's own word: the kubelet cannot post status meanwhile
+        tasks = {
+            line.split()[0]: line.split()[-1]
+            for line in node.ctr("tasks", "ls").stdout.splitlines()[1:]
+        }
+        return all(tasks.get(c) == "RUNNING" for c in containers)
+
+    with control_plane.apiserver_down():
+        support.consistently(running, duration=seconds, interval=1.0, message="a pod stopped")
+    back = time.monotonic()
+    k8s.patch_secret(src, "hub", {"data": {"token": "CANARY-outage-1"}})
+    sent = time.monotonic()
+    eventually(
+        lambda: k8s.copy_data(dst, "hub") == {"token": "CANARY-outage-1"},
+        60,
+        interval=0.05,
+        message="the next change after the outage",
+    )
+    landed = time.monotonic() - sent
+    probes = liveness_probes(release, node, control_plane) - probes_before
+    after = {p.metadata.name: p.status.container_statuses[0].restart_count for p in release.pods()}
+    print(
+        f"\nAPI server down {seconds} s: restarts {after}, liveness probes during and after "
+        f"{dict(probes)}, next change landed {landed:.2f} s after it was sent "
+        f"({sent - back:.2f} s after the API server was ready)"
+    )
+    logs = release.logs()
+    assert '"lost the lease; campaigning again"' in logs  # the outage outlasted a term
+    assert after == before  # the same pods, none restarted
+    assert not [k for k in probes if k[1] != "successful"], probes
+    assert all(probes[pod, "successful"] >= seconds // 10 for pod in before), probes
+    assert landed <= support.OUTAGE_LANDS_WITHIN, f"the next change took {landed:.1f} s to land"
+    canaries.assert_absent("the chart's pod logs", logs)
 
 
 def test_helm_uninstall_leaves_the_crd_the_grants_and_the_copies(

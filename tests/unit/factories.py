@@ -196,40 +196,14 @@ def _patched(base: Mapping[str, str], changes: Mapping[str, str | None] | None) 
     return out
 
 
-def copy_from(
-    desired: Desired,
-    namespace: str,
-    *,
-    name: str | None = None,
-    data: Mapping[str, str] | None = None,
-    type_: str | None = None,
-    labels: Mapping[str, str | None] | None = None,
-    annotations: Mapping[str, str | None] | None = None,
-    deleting: bool = False,
-    immutable: bool = False,
-    resource_version: str = "7",
-    uid_written_by: str = FIELD_MANAGER,
-) -> Copy:
+def copy_from(desired: Desired, namespace: str, **edits: Any) -> Copy:
     """The copy a writer stored from `desired` (its manifest), then optionally edited by someone.
 
-    `labels`/`annotations` patch the stored metadata (a None value removes the key). The
-    grant-uid annotation, whatever its value, was written by projector unless `uid_written_by`
-    names another field manager (someone wrote the mark by hand).
+    `edits` are `stored_manifest`'s: `labels`/`annotations` patch the stored metadata (a None
+    value removes the key); the grant-uid annotation, whatever its value, was written by
+    projector unless `uid_written_by` names another field manager (a mark written by hand).
     """
-    return parse_copy(
-        stored_manifest(
-            desired.manifest(namespace),
-            name=name,
-            data=data,
-            type_=type_,
-            labels=labels,
-            annotations=annotations,
-            deleting=deleting,
-            immutable=immutable,
-            resource_version=resource_version,
-            uid_written_by=uid_written_by,
-        )
-    )
+    return parse_copy(stored_manifest(desired.manifest(namespace), **edits))
 
 
 def stored_manifest(

@@ -247,6 +247,21 @@ async def test_a_resync_leaves_a_backing_off_grant_to_its_backoff() -> None:
     assert await ctl.queue.get() == "h"
 
 
+async def test_a_new_terms_resync_runs_every_grant_now_with_its_backoff_started_over() -> None:
+    """Failures while the API server was away grew a grant's backoff; the resync of a new
+    term (or of caches current again) runs it at once, and its next failure waits the first
+    step of the backoff, not the outage's tenth."""
+    api = FakeApi()
+    world(api)
+    ctl = await controller(api)
+    for _ in range(10):  # refused writes during an outage
+        ctl.queue.add_rate_limited("g")
+    ctl.resync()
+    assert (len(ctl.queue), ctl.queue.waiting(), ctl.queue.num_requeues("g")) == (1, 0, 0)
+    assert await ctl.queue.get() == "g"
+    assert ctl.queue.add_rate_limited("g") == ctl.queue.backoff(0)
+
+
 async def test_the_resync_queues_every_grant_every_period_until_stopped() -> None:
     api = FakeApi()
     world(api)

@@ -91,149 +91,94 @@ CONFLICTED = ("True", "Conflict")
 SOURCE_OK = ("True", "Available")
 
 
+def no(reason: str) -> tuple[str, str]:
+    """A condition that is False for `reason`."""
+    return ("False", reason)
+
+
+def row(
+    id_: str,
+    state: SourceState,
+    reasons: str,
+    matched: int,
+    ready: tuple[str, str],
+    source: tuple[str, str] = SOURCE_OK,
+    conflicted: tuple[str, str] = NO_CONFLICT,
+) -> Any:
+    """One case: the namespaces a, b, ... end with `reasons` (names of `Reason`), in order."""
+    outs = [outcome(ns, R[r]) for ns, r in zip("abcdefghij", reasons.split(), strict=False)]
+    expected = {"Ready": ready, "SourceAvailable": source, "Conflicted": conflicted}
+    return pytest.param(state, outs, matched, expected, id=id_)
+
+
 @pytest.mark.parametrize(
     ("state", "outs", "matched", "expected"),
     [
-        pytest.param(
+        row("all-projected", AVAILABLE, "PROJECTED PROJECTED", 2, OK_TRUE),
+        row("nothing-matched-yet", AVAILABLE, "", 0, OK_TRUE),
+        row("some-denied", AVAILABLE, "PROJECTED DENIED", 2, OK_TRUE),
+        row("producer-exports-to-none", AVAILABLE, "DENIED NAMESPACE_MISSING", 2, no("Denied")),
+        row(
+            "namespaces-missing-or-terminating",
             AVAILABLE,
-            [outcome("a", R.PROJECTED), outcome("b", R.PROJECTED)],
+            "NAMESPACE_MISSING TERMINATING",
             2,
-            {"Ready": OK_TRUE, "SourceAvailable": SOURCE_OK, "Conflicted": NO_CONFLICT},
-            id="all-projected",
+            no("NamespaceMissing"),
         ),
-        pytest.param(
-            AVAILABLE,
-            [],
-            0,
-            {"Ready": OK_TRUE, "SourceAvailable": SOURCE_OK, "Conflicted": NO_CONFLICT},
-            id="nothing-matched-yet",
+        row("terminating-only", AVAILABLE, "TERMINATING", 1, OK_TRUE),
+        row("some-projected-some-missing", AVAILABLE, "PROJECTED NAMESPACE_MISSING", 2, OK_TRUE),
+        row("conflict", AVAILABLE, "PROJECTED CONFLICT", 2, no("Conflict"), conflicted=CONFLICTED),
+        row(
+            "grant-conflict", AVAILABLE, "GRANT_CONFLICT", 1, no("Conflict"), conflicted=CONFLICTED
         ),
-        pytest.param(
+        row(
+            "write-failed-before-conflict",
             AVAILABLE,
-            [outcome("a", R.PROJECTED), outcome("b", R.DENIED)],
+            "WRITE_FAILED CONFLICT",
             2,
-            {"Ready": OK_TRUE, "SourceAvailable": SOURCE_OK, "Conflicted": NO_CONFLICT},
-            id="some-denied",
+            no("WriteFailed"),
+            conflicted=CONFLICTED,
         ),
-        pytest.param(
+        row(
+            "key-missing",
             AVAILABLE,
-            [outcome("a", R.DENIED), outcome("b", R.NAMESPACE_MISSING)],
+            "KEY_MISSING KEY_MISSING",
             2,
-            {"Ready": ("False", "Denied"), "SourceAvailable": SOURCE_OK, "Conflicted": NO_CONFLICT},
-            id="producer-exports-to-none",
+            no("KeyMissing"),
+            source=no("KeyMissing"),
         ),
-        pytest.param(
-            AVAILABLE,
-            [outcome("a", R.NAMESPACE_MISSING), outcome("b", R.TERMINATING)],
-            2,
-            {
-                "Ready": ("False", "NamespaceMissing"),
-                "SourceAvailable": SOURCE_OK,
-                "Conflicted": NO_CONFLICT,
-            },
-            id="namespaces-missing-or-terminating",
-        ),
-        pytest.param(
-            AVAILABLE,
-            [outcome("a", R.TERMINATING)],
-            1,
-            {"Ready": OK_TRUE, "SourceAvailable": SOURCE_OK, "Conflicted": NO_CONFLICT},
-            id="terminating-only",
-        ),
-        pytest.param(
-            AVAILABLE,
-            [outcome("a", R.PROJECTED), outcome("b", R.NAMESPACE_MISSING)],
-            2,
-            {"Ready": OK_TRUE, "SourceAvailable": SOURCE_OK, "Conflicted": NO_CONFLICT},
-            id="some-projected-some-missing",
-        ),
-        pytest.param(
-            AVAILABLE,
-            [outcome("a", R.PROJECTED), outcome("b", R.CONFLICT)],
-            2,
-            {
-                "Ready": ("False", "Conflict"),
-                "SourceAvailable": SOURCE_OK,
-                "Conflicted": CONFLICTED,
-            },
-            id="conflict",
-        ),
-        pytest.param(
-            AVAILABLE,
-            [outcome("a", R.GRANT_CONFLICT)],
-            1,
-            {
-                "Ready": ("False", "Conflict"),
-                "SourceAvailable": SOURCE_OK,
-                "Conflicted": CONFLICTED,
-            },
-            id="grant-conflict",
-        ),
-        pytest.param(
-            AVAILABLE,
-            [outcome("a", R.WRITE_FAILED), outcome("b", R.CONFLICT)],
-            2,
-            {
-                "Ready": ("False", "WriteFailed"),
-                "SourceAvailable": SOURCE_OK,
-                "Conflicted": CONFLICTED,
-            },
-            id="write-failed-before-conflict",
-        ),
-        pytest.param(
-            AVAILABLE,
-            [outcome("a", R.KEY_MISSING), outcome("b", R.KEY_MISSING)],
-            2,
-            {
-                "Ready": ("False", "KeyMissing"),
-                "SourceAvailable": ("False", "KeyMissing"),
-                "Conflicted": NO_CONFLICT,
-            },
-            id="key-missing",
-        ),
-        pytest.param(
+        row(
+            "source-missing-before-write-failed",
             SourceState.MISSING,
-            [outcome("a", R.SOURCE_MISSING), outcome("b", R.WRITE_FAILED)],
+            "SOURCE_MISSING WRITE_FAILED",
             2,
-            {
-                "Ready": ("False", "SourceMissing"),
-                "SourceAvailable": ("False", "SourceMissing"),
-                "Conflicted": NO_CONFLICT,
-            },
-            id="source-missing-before-write-failed",
+            no("SourceMissing"),
+            source=no("SourceMissing"),
         ),
-        pytest.param(
+        row(
+            "not-exported",
             SourceState.NOT_EXPORTED,
-            [outcome("a", R.DENIED)],
+            "DENIED",
             1,
-            {
-                "Ready": ("False", "NotExported"),
-                "SourceAvailable": ("False", "NotExported"),
-                "Conflicted": NO_CONFLICT,
-            },
-            id="not-exported",
+            no("NotExported"),
+            source=no("NotExported"),
         ),
-        pytest.param(
+        row(
+            "source-unknown",
             SourceState.UNKNOWN,
-            [outcome("a", R.SOURCE_UNKNOWN)],
+            "SOURCE_UNKNOWN",
             1,
-            {
-                "Ready": ("False", "Unknown"),
-                "SourceAvailable": ("False", "Unknown"),
-                "Conflicted": NO_CONFLICT,
-            },
-            id="source-unknown",
+            no("Unknown"),
+            source=no("Unknown"),
         ),
-        pytest.param(
+        row(
+            "source-unknown-and-conflict",
             SourceState.UNKNOWN,
-            [outcome("a", R.CONFLICT)],
+            "CONFLICT",
             1,
-            {
-                "Ready": ("False", "Unknown"),
-                "SourceAvailable": ("False", "Unknown"),
-                "Conflicted": CONFLICTED,
-            },
-            id="source-unknown-and-conflict",
+            no("Unknown"),
+            source=no("Unknown"),
+            conflicted=CONFLICTED,
         ),
     ],
 )

@@ -387,3 +387,33 @@ async def test_a_write_sleeping_on_retry_after_holds_no_write_slot_nor_bytes() -
     slow.cancel()
     with pytest.raises(asyncio.CancelledError):
         await slow
+
+
+class FencedMidFanOut(FakeApi):
+    """The fence closes during a fan-out: one create is refused, the others are in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = asyncio.Event()
+
+    async def create(self, res: Any, body: Any, *, namespace: str | None = None, **kw: Any) -> Any:
+        if namespace == "n0":
+            self.refused.set()
+            raise Fenced("no valid lease")
+        await asyncio.Event().wait()  # in flight until cancelled
+
+
+async def test_a_fan_out_cancelled_as_its_fence_closes_ends_cancelled_not_fenced() -> None:
+    """The lease is lost: a write raises Fenced and, at once, the term's workers are cancelled.
+    asyncio.TaskGroup then raises the children's errors over the cancellation; were Fenced
+    passed on, the worker would take it for a refused write and go on as a zombie of the old
+    term (the outage test's next change then waited out a grown backoff: about 42 s)."""
+    api = FencedMidFanOut()
+    w = Writer(api, metrics=Metrics())
+    ns = [f"n{i}" for i in range(3)]
+    grant = make_grant(name="fan", namespaces=tuple(ns))
+    task = asyncio.create_task(w.execute(plan(make_snapshot(grant, S, namespaces=namespaces(*ns)))))
+    await api.refused.wait()
+    task.cancel()  # the term ends while the TaskGroup is still cancelling the other writes
+    with pytest.raises(asyncio.CancelledError):
+        await task

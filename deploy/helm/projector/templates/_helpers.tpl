@@ -28,6 +28,18 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: projector
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* A probe's timings from values (the defaults in values.yaml: probes.<which>). */}}
+{{- define "projector.probeTimings" -}}
+{{- range $k := list "initialDelaySeconds" "periodSeconds" "timeoutSeconds" "failureThreshold" "successThreshold" }}
+{{- with index $ $k }}
+{{ $k }}: {{ . }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{- define "projector.serviceAccountName" -}}
