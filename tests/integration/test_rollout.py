@@ -59,6 +59,25 @@ def rotate(k8s: Cluster, core: client.CoreV1Api, producer: str, ns: str, value: 
     return copy_hash(core, ns)
 
 
+def opted_in(
+    k8s: Cluster, make_namespace: NamespaceFactory, core: client.CoreV1Api, apps: client.AppsV1Api
+) -> tuple[str, str]:
+    """A projected copy `db` and a Deployment `web` that opted in, baselined: (producer, ns)."""
+    producer, ns, _ = project(k8s, make_namespace)
+    apps.create_namespaced_deployment(ns, consumer("web", IMAGE, rollout_on="db"))
+    eventually(lambda: baselined(apps, ns, "web", copy_hash(core, ns)))
+    return producer, ns
+
+
+def rolled(
+    k8s: Cluster, core: client.CoreV1Api, apps: client.AppsV1Api, producer: str, ns: str
+) -> str:
+    """The first rotation after opting in: `web` rolls once (revision 2); its hash prefix."""
+    h = rotate(k8s, core, producer, ns, "CANARY-rollout-1")
+    eventually(lambda: stamp(apps, ns, "web") == h and revision(apps, ns, "web") == 2)
+    return h
+
+
 def baselined(apps: client.AppsV1Api, ns: str, name: str, h: str) -> bool:
     d = apps.read_namespaced_deployment(name, ns)
     return (d.metadata.annotations or {}).get("projector.nebari.dev/seen-db") == h
@@ -163,11 +182,8 @@ def test_restarts_and_a_leader_failover_roll_nothing(
     apps_v1: client.AppsV1Api,
 ) -> None:
     first = start_controller("--rollouts")
-    producer, ns, _ = project(k8s, make_namespace)
-    apps_v1.create_namespaced_deployment(ns, consumer("web", IMAGE, rollout_on="db"))
-    eventually(lambda: baselined(apps_v1, ns, "web", copy_hash(core_v1, ns)))
-    h1 = rotate(k8s, core_v1, producer, ns, "CANARY-rollout-1")
-    eventually(lambda: stamp(apps_v1, ns, "web") == h1 and revision(apps_v1, ns, "web") == 2)
+    producer, ns = opted_in(k8s, make_namespace, core_v1, apps_v1)
+    h1 = rolled(k8s, core_v1, apps_v1, producer, ns)
     first.stop()
 
     for _ in range(2):  # two restarts: each decides again, and rolls nothing
@@ -201,11 +217,8 @@ def test_a_rollout_waits_for_the_last_one_to_finish_then_rolls_the_newest_once(
     apps_v1: client.AppsV1Api,
 ) -> None:
     cp = start_controller("--rollouts")
-    producer, ns, _ = project(k8s, make_namespace)
-    apps_v1.create_namespaced_deployment(ns, consumer("web", IMAGE, rollout_on="db"))
-    eventually(lambda: baselined(apps_v1, ns, "web", copy_hash(core_v1, ns)))
-    h1 = rotate(k8s, core_v1, producer, ns, "CANARY-rollout-1")
-    eventually(lambda: stamp(apps_v1, ns, "web") == h1 and revision(apps_v1, ns, "web") == 2)
+    producer, ns = opted_in(k8s, make_namespace, core_v1, apps_v1)
+    h1 = rolled(k8s, core_v1, apps_v1, producer, ns)
 
     # one replica that can never become available (no node): its rollout keeps progressing
     apps_v1.patch_namespaced_deployment_scale("web", ns, {"spec": {"replicas": 1}})
@@ -238,9 +251,7 @@ def test_a_burst_of_100_source_updates_in_10_s_rolls_a_few_times(
 ) -> None:
     # the chart's debounce (the tests' default is shorter)
     cp = start_controller("--rollouts", "--debounce=0.05", "--debounce-max=0.5")
-    producer, ns, _ = project(k8s, make_namespace)
-    apps_v1.create_namespaced_deployment(ns, consumer("web", IMAGE, rollout_on="db"))
-    eventually(lambda: baselined(apps_v1, ns, "web", copy_hash(core_v1, ns)))
+    producer, ns = opted_in(k8s, make_namespace, core_v1, apps_v1)
     start = time.monotonic()
     for i in range(100):
         k8s.patch_secret(producer, "db", {"data": {"password": f"CANARY-burst-{i}"}})
