@@ -30,6 +30,9 @@ class Resource:
 
 
 SECRETS = Resource("v1", "secrets", True, "Secret")
+CONFIGMAPS = Resource("v1", "configmaps", True, "ConfigMap")
+BY_KIND = {SECRETS.kind: SECRETS, CONFIGMAPS.kind: CONFIGMAPS}
+"""The resource of a source's kind (`model.SourceKind` values), which is its copies' too."""
 NAMESPACES = Resource("v1", "namespaces", False, "Namespace")
 EVENTS = Resource("v1", "events", True, "Event")
 LEASES = Resource("coordination.k8s.io/v1", "leases", True, "Lease")

@@ -8,6 +8,7 @@ cached half-read.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from collections.abc import Callable, Hashable, ItemsView, Iterator
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Generic, TypeVar
 
 import structlog
 
-from projector.api import GRANTS, NAMESPACES, SECRETS, Obj, Resource
+from projector.api import BY_KIND, GRANTS, NAMESPACES, Obj, Resource
 from projector.errors import InvalidGrant, ProjectorError
 from projector.model import (
     EXPORT_LABEL,
@@ -26,6 +27,7 @@ from projector.model import (
     GrantRecord,
     Namespace,
     ObjectKey,
+    SourceKind,
     parse_copy,
     parse_grant_record,
     parse_namespace,
@@ -39,17 +41,21 @@ log = structlog.get_logger("projector.store")
 
 
 class Kind(StrEnum):
-    """The four kinds projector caches."""
+    """The caches projector keeps; a change is reported under its role (the first four)."""
 
     GRANT = "grants"
     SOURCE = "sources"
     NAMESPACE = "namespaces"
     COPY = "copies"
+    CONFIG_SOURCE = "configmap-sources"
+    """Contract ConfigMaps; their changes are reported as SOURCE."""
+    CONFIG_COPY = "configmap-copies"
+    """Projected ConfigMaps; their changes are reported as COPY."""
 
 
-def _namespaced_key(obj: Obj) -> ObjectKey:
+def _namespaced_key(obj: Obj, kind: SourceKind = SourceKind.SECRET) -> ObjectKey:
     meta = obj["metadata"]
-    return ObjectKey(meta["namespace"], meta["name"])
+    return ObjectKey(meta["namespace"], meta["name"], kind)
 
 
 def _name_key(obj: Obj) -> str:
@@ -150,16 +156,34 @@ given, whatever the sizes; a page of 500 (the default) was 190 MiB for 150 copie
 GRANT_SPEC: Spec[str, GrantRecord] = Spec(Kind.GRANT, GRANTS, parse_grant_record, _name_key)
 
 
-def _secrets(kind: Kind, parse: Callable[[Obj], T], selector: str) -> Spec[ObjectKey, T]:
-    """Secrets of one label, by namespace and name, listed `SECRET_PAGE` at a time."""
-    return Spec(kind, SECRETS, parse, _namespaced_key, selector, SECRET_PAGE)
+def _namespaced(
+    kind: Kind, of: SourceKind, parse: Callable[..., T], selector: str
+) -> Spec[ObjectKey, T]:
+    """Secrets or ConfigMaps (`of`) of one label, by kind, namespace and name.
+
+    Listed `SECRET_PAGE` at a time: a ConfigMap, too, may hold 1 MiB.
+    """
+    return Spec(
+        kind,
+        BY_KIND[of],
+        functools.partial(parse, kind=of),
+        functools.partial(_namespaced_key, kind=of),
+        selector,
+        SECRET_PAGE,
+    )
 
 
-SOURCE_SPEC = _secrets(Kind.SOURCE, parse_source, f"{EXPORT_LABEL}={EXPORT_VALUE}")
+EXPORTED = f"{EXPORT_LABEL}={EXPORT_VALUE}"
+MANAGED = f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"
+SOURCE_SPEC = _namespaced(Kind.SOURCE, SourceKind.SECRET, parse_source, EXPORTED)
 """Only contract Secrets: the other Secrets of the cluster are never transferred or cached."""
 NAMESPACE_SPEC: Spec[str, Namespace] = Spec(Kind.NAMESPACE, NAMESPACES, parse_namespace, _name_key)
-COPY_SPEC = _secrets(Kind.COPY, parse_copy, f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}")
+COPY_SPEC = _namespaced(Kind.COPY, SourceKind.SECRET, parse_copy, MANAGED)
 """Copies are read whole (their data is hashed) but cached as metadata and that hash."""
+CONFIG_SOURCE_SPEC = _namespaced(Kind.CONFIG_SOURCE, SourceKind.CONFIG_MAP, parse_source, EXPORTED)
+"""Only contract ConfigMaps, as for Secrets: the cluster's other ConfigMaps cost nothing."""
+CONFIG_COPY_SPEC = _namespaced(Kind.CONFIG_COPY, SourceKind.CONFIG_MAP, parse_copy, MANAGED)
+"""Projected ConfigMaps: like Secret copies, cached as metadata and the hash of their data."""
 
 
 class Cache(Generic[K, T]):

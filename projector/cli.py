@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from projector import explain as explaining
 from projector import validate as validating
-from projector.api import SECRETS
+from projector.api import BY_KIND, SECRETS
 from projector.errors import NotFound, ProjectorError
 from projector.model import EXPORT_TO_ANNOTATION, ObjectKey, is_exported, parse_export_to
 from projector.reconcile import Action, Plan, plan
@@ -85,8 +85,9 @@ async def _blockers(kube: Kube, p: Plan) -> dict[str, dict[str, Any]]:
     for step in p.steps:
         if step.action is not Action.CREATE:
             continue
+        res = BY_KIND[p.grant.kind] if p.grant is not None else SECRETS
         try:
-            obj = await kube.get(SECRETS, step.name, namespace=step.namespace, metadata_only=True)
+            obj = await kube.get(res, step.name, namespace=step.namespace, metadata_only=True)
         except NotFound:
             continue
         found[step.namespace] = dict(obj.get("metadata") or {})
@@ -129,7 +130,7 @@ async def _explain_secret(
                 namespace_obj=store.namespaces.get(args.namespace or ""),
             )
         )
-    source = store.sources.get(key)
+    source = store.source(key)
     allowed = (
         {n for n in store.namespaces if n != ns_name and source.exports_to(n)} - targeted
         if source is not None and exported

@@ -1,4 +1,4 @@
-"""The desired copy: what a grant's copy holds, its hash, and the Secret sent for it.
+"""The desired copy: what a grant's copy holds, its hash, and the object sent for it.
 
 Pure: built once per grant from its source (`desired_copy`), identical in every namespace but
 for metadata.namespace; `Desired.in_sync` tells from a cached copy's metadata alone whether it
@@ -25,6 +25,7 @@ from projector.model import (
     Copy,
     Grant,
     Source,
+    SourceKind,
     content_hash,
 )
 
@@ -50,6 +51,17 @@ class Desired:
     """Over type, data and projector's own metadata: compared with a copy's observed hash."""
     extra_labels: Mapping[str, str] = field(default_factory=dict)
     extra_annotations: Mapping[str, str] = field(default_factory=dict)
+    kind: SourceKind = SourceKind.SECRET
+    """The source's kind, hence the copy's: a Secret's copy is a Secret, a ConfigMap's a
+    ConfigMap."""
+    binary_data: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """A ConfigMap copy's binaryData; empty for a Secret."""
+
+    def payload(self) -> dict[str, Mapping[str, str]]:
+        """The fields that carry values: `data`, and a ConfigMap's `binaryData`."""
+        if self.kind is SourceKind.SECRET:
+            return {"data": self.data}
+        return {"data": self.data, "binaryData": self.binary_data}
 
     def in_sync(self, copy: Copy) -> bool:
         """Tell whether a stored copy already holds exactly this content and our metadata."""
@@ -74,7 +86,7 @@ class Desired:
         *,
         with_data: bool = True,
     ) -> dict[str, object]:
-        """The Secret to send; with a resourceVersion, a PUT that fails if the copy moved on.
+        """The object to send; with a resourceVersion, a PUT that fails if the copy moved on.
 
         Labels and annotations others added to `keep` (the stored copy) are carried over:
         a PUT must not erase what other tools wrote, only restore what is ours. Without data,
@@ -93,14 +105,11 @@ class Desired:
         }
         if resource_version:
             meta["resourceVersion"] = resource_version
-        out: dict[str, object] = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": meta,
-            "type": self.type,
-        }
+        out: dict[str, object] = {"apiVersion": "v1", "kind": self.kind.value, "metadata": meta}
+        if self.kind is SourceKind.SECRET:
+            out["type"] = self.type
         if with_data:
-            out["data"] = dict(self.data)
+            out.update((k, dict(v)) for k, v in self.payload().items())
         return out
 
 
@@ -118,22 +127,38 @@ def _grant_metadata(copy: Copy) -> dict[str, list[str]]:
     return recorded if isinstance(recorded, dict) else {}
 
 
+def _select(grant: Grant, source: Source) -> tuple[dict[str, str], dict[str, str], bool] | str:
+    """The granted keys of `data` and `binaryData`, renamed, and whether that is all of them.
+
+    Or the first granted key the source lacks.
+    """
+    if grant.keys is None:
+        return dict(source.data), dict(source.binary_data), True
+    data: dict[str, str] = {}
+    binary: dict[str, str] = {}
+    for k in grant.keys:
+        if k.src in source.data:
+            data[k.dst] = source.data[k.src]
+        elif k.src in source.binary_data:
+            binary[k.dst] = source.binary_data[k.src]
+        else:
+            return k.src
+    whole = {k.src for k in grant.keys} == set(source.data) | set(source.binary_data) and all(
+        k.src == k.dst for k in grant.keys
+    )
+    return data, binary, whole
+
+
 def desired_copy(grant: Grant, source: Source) -> Desired | str:
     """Build the copy for a grant, or name the first key the source lacks."""
-    if grant.keys is None:
-        data = dict(source.data)
-        type_ = source.type
-    else:
-        data = {}
-        for k in grant.keys:
-            if k.src not in source.data:
-                return k.src
-            data[k.dst] = source.data[k.src]
-        whole = {k.src for k in grant.keys} == set(source.data) and all(
-            k.src == k.dst for k in grant.keys
-        )
-        type_ = source.type if whole else "Opaque"
-    if type_ in UNCOPYABLE_TYPES:
+    selected = _select(grant, source)
+    if isinstance(selected, str):
+        return selected
+    data, binary, whole = selected
+    type_ = source.type if whole else "Opaque"
+    if source.key.kind is not SourceKind.SECRET:
+        type_ = ""  # a ConfigMap has no type
+    elif type_ in UNCOPYABLE_TYPES:
         type_ = "Opaque"
     ours = {MANAGED_BY_LABEL: MANAGED_BY_VALUE, GRANT_LABEL: grant.name}
     our_notes = {
@@ -152,9 +177,20 @@ def desired_copy(grant: Grant, source: Source) -> Desired | str:
         )
     labels = extra_labels | ours
     annotations = extra_notes | our_notes
-    digest = content_hash(type_, data, labels, annotations)
-    core = content_hash(type_, data, ours, our_notes)
+    cm_binary = None if source.key.kind is SourceKind.SECRET else binary
+    digest = content_hash(type_, data, labels, annotations, cm_binary)
+    core = content_hash(type_, data, ours, our_notes, cm_binary)
     annotations[HASH_ANNOTATION] = digest
     return Desired(
-        grant.target_name, type_, data, labels, annotations, digest, core, extra_labels, extra_notes
+        grant.target_name,
+        type_,
+        data,
+        labels,
+        annotations,
+        digest,
+        core,
+        extra_labels,
+        extra_notes,
+        source.key.kind,
+        binary,
     )

@@ -23,7 +23,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from projector.model import EXPORT_LABEL, EXPORT_TO_ANNOTATION, Copy, Namespace, parse_copy
+from projector.model import (
+    EXPORT_LABEL,
+    EXPORT_TO_ANNOTATION,
+    Copy,
+    Namespace,
+    SourceKind,
+    parse_copy,
+)
 from projector.reconcile import (
     Action,
     Claim,
@@ -53,7 +60,7 @@ class Entry:
     reason: str
     why: str
     secret: str = ""
-    """The target Secret, namespace/name."""
+    """The copy's place, namespace/name (a Secret, or a ConfigMap for a ConfigMap grant)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +75,8 @@ class GrantReport:
     invalid: str = ""
     entries: tuple[Entry, ...] = ()
     counts: Mapping[str, int] = field(default_factory=dict)
+    kind: str = SourceKind.SECRET.value
+    """What the source and its copies are: Secret or ConfigMap."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -103,17 +112,17 @@ def _denied_why(plan: Plan, namespace: str) -> str:
 
 def _holder_why(plan: Plan, holder: Copy, grants_by_uid: Mapping[str, str]) -> str:
     """Who holds the target name, by the controller's own ownership rule (`reconcile.claim`)."""
-    where = f"{holder.key.namespace}/{holder.key.name}"
+    where = f"{holder.key.kind.value} {holder.key.namespace}/{holder.key.name}"
     held = claim(plan.snapshot, holder, plan.snapshot.namespaces.get(holder.key.namespace))
     if held is Claim.ORPHAN:
         return (
-            f"Secret {where} was left by an earlier grant of this name for another source; "
+            f"{where} was left by an earlier grant of this name for another source; "
             "it is kept by the policy recorded on it (delete it to let this grant project)"
         )
     owner = grants_by_uid.get(holder.grant_uid or "")
     if owner:
-        return f"Secret {where} belongs to grant {owner}"
-    return f"Secret {where} exists and is not owned by this grant"
+        return f"{where} belongs to grant {owner}"
+    return f"{where} exists and is not owned by this grant"
 
 
 def _conflict_why(plan: Plan, step: Step, grants_by_uid: Mapping[str, str]) -> str:
@@ -121,7 +130,8 @@ def _conflict_why(plan: Plan, step: Step, grants_by_uid: Mapping[str, str]) -> s
         return step.message or f"an older grant projects to {step.namespace}/{step.name}"
     if step.existing is not None:
         return _holder_why(plan, step.existing, grants_by_uid)
-    return f"Secret {step.namespace}/{step.name} exists and is not owned by this grant"
+    kind = plan.grant.kind.value if plan.grant is not None else SourceKind.SECRET.value
+    return f"{kind} {step.namespace}/{step.name} exists and is not owned by this grant"
 
 
 def entry(
@@ -144,7 +154,8 @@ def entry(
 
     blocker = (blockers or {}).get(ns)
     if a is Action.CREATE and blocker is not None:
-        held = parse_copy({"metadata": {**blocker, "namespace": ns, "name": step.name}})
+        meta = {**blocker, "namespace": ns, "name": step.name}
+        held = parse_copy({"metadata": meta}, kind_of(plan))
         why = _holder_why(plan, held, grants_by_uid)
         return Entry(ns, "conflicted", Reason.CONFLICT.value, why, secret)
     if a is not Action.NOOP:
@@ -165,7 +176,7 @@ def entry(
         return e("retained", "no longer wanted here; kept by the policy Retain")
     if r is Reason.SOURCE_MISSING:
         kept = "the last copy is kept" if step.existing is not None else "no copy"
-        return e("pending", f"the source Secret does not exist ({kept})")
+        return e("pending", f"the source {kind_of(plan).value} does not exist ({kept})")
     if r is Reason.KEY_MISSING:
         return e("pending", step.message or "a key the grant names is missing from the source")
     if r is Reason.COPY_DELETING:
@@ -223,7 +234,13 @@ def report(
         matched=plan.matched,
         entries=tuple(entries),
         counts=counts,
+        kind=grant.kind.value,
     )
+
+
+def kind_of(plan: Plan) -> SourceKind:
+    """What the plan's grant projects (a Secret for a grant that no longer exists)."""
+    return plan.grant.kind if plan.grant is not None else SourceKind.SECRET
 
 
 def text(reports: Iterable[GrantReport]) -> str:
@@ -236,7 +253,7 @@ def text(reports: Iterable[GrantReport]) -> str:
         summary = ", ".join(f"{n} {s}" for s, n in sorted(r.counts.items())) or "nothing"
         out.append(
             f"grant {r.grant}: source {r.source} ({r.source_state}), "
-            f"target Secret {r.target_name!r}, {r.matched} namespace(s) targeted: {summary}"
+            f"target {r.kind} {r.target_name!r}, {r.matched} namespace(s) targeted: {summary}"
         )
         width = max([len("NAMESPACE"), *(len(x.namespace) for x in r.entries)])
         out.append(f"  {'NAMESPACE':<{width}}  {'STATE':<11}  {'REASON':<20}  WHY")

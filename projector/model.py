@@ -47,11 +47,23 @@ Uid = NewType("Uid", str)
 """An object's metadata.uid: the only identity that cannot be spoofed by relabelling."""
 
 
+class SourceKind(StrEnum):
+    """What a grant projects (`spec.source.kind`): the copies are always of the source's kind."""
+
+    SECRET = "Secret"
+    CONFIG_MAP = "ConfigMap"
+
+
 class ObjectKey(NamedTuple):
-    """Namespace and name of a namespaced object (a tuple: hashed in C, it keys every cache)."""
+    """Kind, namespace and name of a source or a copy (a tuple: hashed in C, it keys every cache).
+
+    The kind is part of the identity, so a Secret and a ConfigMap of one name in one namespace
+    are two keys everywhere (caches, indexes, claims, plans), never one.
+    """
 
     namespace: str
     name: str
+    kind: SourceKind = SourceKind.SECRET
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
@@ -126,6 +138,11 @@ class Grant:
     deleting: bool = False
 
     @property
+    def kind(self) -> SourceKind:
+        """The kind of the source, hence of every copy."""
+        return self.source.kind
+
+    @property
     def seniority(self) -> tuple[str, str]:
         """Sort key among grants competing for one copy: older first, then by name."""
         return (self.created, self.name)
@@ -139,19 +156,23 @@ class Grant:
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """A cached contract Secret (label `export=true`), content included."""
+    """A cached contract Secret or ConfigMap (label `export=true`), content included."""
 
     key: ObjectKey
     uid: Uid
     type: str
+    """A Secret's type; empty for a ConfigMap, which has none."""
     data: Mapping[str, str] = field(repr=False)
-    """base64 values exactly as the API returned them; never logged (not even in a repr)."""
+    """Values exactly as the API returned them (a Secret's base64, a ConfigMap's text); never
+    logged (not even in a repr)."""
     export_to: tuple[str, ...]
     """The valid patterns of the export-to annotation (names and globs); empty means nobody."""
     ignored_export_to: tuple[str, ...] = ()
     """Entries of the annotation that are neither a namespace name nor a glob (`-foo`, `!foo`,
     `[!a]*`): they match nothing (never handed to fnmatch, which would read `[!a]` as a
     negation), and the grant's status says so rather than ignore them silently."""
+    binary_data: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """A ConfigMap's binaryData (base64); always empty for a Secret."""
 
     def exports_to(self, namespace: str) -> bool:
         """Tell whether the producer allows a copy in `namespace` (default deny)."""
@@ -172,7 +193,7 @@ class Namespace:
 
 @dataclass(frozen=True, slots=True)
 class Copy:
-    """A cached projected Secret. Its data is reduced to `observed_hash` at the informer edge."""
+    """A cached copy (Secret or ConfigMap). Its data is reduced to `observed_hash` at the edge."""
 
     key: ObjectKey
     uid: Uid
@@ -241,8 +262,12 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
     policy = spec.get("policy") or {}
     if not src.get("namespace") or not src.get("name"):
         raise InvalidGrant(name, "spec.source.namespace and spec.source.name are required")
+    try:
+        kind = SourceKind(src.get("kind", SourceKind.SECRET.value))
+    except ValueError:
+        raise InvalidGrant(name, "spec.source.kind must be Secret or ConfigMap") from None
     if not is_label(src["namespace"]) or not is_subdomain(src["name"]):
-        raise InvalidGrant(name, "spec.source must name a valid namespace and Secret")
+        raise InvalidGrant(name, f"spec.source must name a valid namespace and {kind.value}")
     keys = _parse_keys(spec.get("keys"), name)
     namespaces = frozenset(_strings(target.get("namespaces") or [], "namespaces", name))
     sel = target.get("namespaceSelector")
@@ -268,7 +293,7 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
         uid=Uid(str(meta.get("uid", ""))),
         generation=int(meta.get("generation", 0)),
         created=str(meta.get("creationTimestamp", "")),
-        source=ObjectKey(src["namespace"], src["name"]),
+        source=ObjectKey(src["namespace"], src["name"], kind),
         keys=keys,
         target_name=target_name,
         namespaces=namespaces,
@@ -355,18 +380,29 @@ def _parse_selector(sel: Any, grant: str) -> LabelSelector:
     return LabelSelector(tuple(sorted(match_labels.items())), exprs)
 
 
-def parse_source(obj: Mapping[str, Any]) -> Source:
-    """Parse a contract Secret as cached: content kept, since copies are built from it."""
+def object_type(obj: Mapping[str, Any], kind: SourceKind) -> str:
+    """A Secret's type (Opaque when unset); a ConfigMap has none (empty)."""
+    return (obj.get("type") or "Opaque") if kind is SourceKind.SECRET else ""
+
+
+def binary_data(obj: Mapping[str, Any], kind: SourceKind) -> dict[str, str] | None:
+    """A ConfigMap's binaryData (empty when unset); None for a Secret, which has no such field."""
+    return dict(obj.get("binaryData") or {}) if kind is SourceKind.CONFIG_MAP else None
+
+
+def parse_source(obj: Mapping[str, Any], kind: SourceKind = SourceKind.SECRET) -> Source:
+    """Parse a contract Secret or ConfigMap as cached: content kept, copies are built from it."""
     meta = obj["metadata"]
     patterns = parse_export_to((meta.get("annotations") or {}).get(EXPORT_TO_ANNOTATION))
     ignored = invalid_export_to(patterns)
     return Source(
-        key=ObjectKey(meta["namespace"], meta["name"]),
+        key=ObjectKey(meta["namespace"], meta["name"], kind),
         uid=Uid(meta.get("uid", "")),
-        type=obj.get("type") or "Opaque",
+        type=object_type(obj, kind),
         data=dict(obj.get("data") or {}),
         export_to=tuple(p for p in patterns if p not in ignored),
         ignored_export_to=ignored,
+        binary_data=binary_data(obj, kind) or {},
     )
 
 
@@ -386,17 +422,20 @@ def content_hash(
     data: Mapping[str, str],
     labels: Mapping[str, str],
     annotations: Mapping[str, str],
+    binary: Mapping[str, str] | None = None,
 ) -> str:
     """Hash what a copy holds: the diff key between what we want and what is stored.
 
     The content-hash annotation itself is left out, so the hash of a stored copy can be
     recomputed from the copy and compared with the annotation and with the desired hash.
+    `binary` is a ConfigMap's binaryData (None for a Secret, whose hash is unchanged by it).
     """
     meta = {k: v for k, v in annotations.items() if k != HASH_ANNOTATION}
-    blob = json.dumps(
-        [type_, sorted(data.items()), sorted(labels.items()), sorted(meta.items())],
-        separators=(",", ":"),
-    )
+    parts: list[object] = [type_, sorted(data.items()), sorted(labels.items())]
+    parts.append(sorted(meta.items()))
+    if binary is not None:
+        parts.append(sorted(binary.items()))
+    blob = json.dumps(parts, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -417,18 +456,18 @@ def marked_by_projector(meta: Mapping[str, Any]) -> bool:
     return False
 
 
-def parse_copy(obj: Mapping[str, Any]) -> Copy:
-    """Reduce a projected Secret to metadata plus the hash of what it really stores.
+def parse_copy(obj: Mapping[str, Any], kind: SourceKind = SourceKind.SECRET) -> Copy:
+    """Reduce a copy (Secret or ConfigMap) to metadata plus the hash of what it really stores.
 
-    The data is dropped here, so the cache of copies holds no Secret value.
+    The data is dropped here, so the cache of copies holds no value.
     """
     meta = obj["metadata"]
     labels = dict(meta.get("labels") or {})
     annotations = dict(meta.get("annotations") or {})
-    type_ = obj.get("type") or "Opaque"
+    type_ = object_type(obj, kind)
     immutable = bool(obj.get("immutable"))
     return Copy(
-        key=ObjectKey(meta["namespace"], meta["name"]),
+        key=ObjectKey(meta["namespace"], meta["name"], kind),
         uid=Uid(meta.get("uid", "")),
         resource_version=str(meta.get("resourceVersion", "")),
         type=type_,
@@ -439,6 +478,7 @@ def parse_copy(obj: Mapping[str, Any]) -> Copy:
             obj.get("data") or {},
             own_metadata(labels),
             own_metadata(annotations),
+            binary_data(obj, kind),
         ),
         deleting=bool(meta.get("deletionTimestamp")),
         immutable=immutable,

@@ -39,7 +39,7 @@ class Claim(StrEnum):
     JUNIOR = "Junior"
     """A younger grant that also wants this copy here holds it; the older grant wins."""
     FOREIGN = "Foreign"
-    """Anything else, an unmarked Secret included: never written, never deleted."""
+    """Anything else, an unmarked Secret or ConfigMap included: never written, never deleted."""
 
 
 def claim(snap: Snapshot, copy: Copy, ns: Namespace | None = None) -> Claim:
@@ -62,6 +62,7 @@ def claim(snap: Snapshot, copy: Copy, ns: Namespace | None = None) -> Claim:
             and grant is not None
             and not grant.deleting
             and copy.key.name == grant.target_name
+            and copy.key.kind is grant.kind
             and copy.annotations.get(SOURCE_ANNOTATION) == str(grant.source)
             and snap.source_state is SourceState.AVAILABLE
             and wants(grant, snap.source, ns)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from projector.desired import Desired
-from projector.model import Copy, Grant, GrantRecord, Namespace, ObjectKey, Source
+from projector.model import Copy, Grant, GrantRecord, Namespace, ObjectKey, Source, SourceKind
 
 
 class SourceState(StrEnum):
@@ -68,7 +68,11 @@ class Reason(StrEnum):
     WRITE_FAILED = "WriteFailed"
 
 
-CONFLICT_MESSAGE = "a Secret of that name exists and is not owned by this grant"
+def conflict_message(kind: SourceKind) -> str:
+    """Why a place is not written: an object of the copy's kind there is not this grant's."""
+    return f"a {kind.value} of that name exists and is not owned by this grant"
+
+
 ORPHAN_MESSAGE = "an earlier grant of this name left a copy of another source here"
 ORPHAN_DELETED = (
     "an earlier grant of this name left a copy of another source; deleted by its policy"

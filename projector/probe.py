@@ -1,16 +1,16 @@
 """Snapshots for a reconcile: the store's caches, plus one read of a source they lack.
 
-The store answers from memory only. A grant whose source Secret is not in the source cache
-(which holds exported Secrets only) needs one metadata-only read to tell "deleted" (404) from
-"not exported" from "unknown" (a failed read, or an exported Secret the watch has not delivered
-yet): that API call is made here, at the edge, never inside the store.
+The store answers from memory only. A grant whose source is not in its source cache (which
+holds exported Secrets, or exported ConfigMaps, only) needs one metadata-only read to tell
+"deleted" (404) from "not exported" from "unknown" (a failed read, or an exported source the
+watch has not delivered yet): that API call is made here, at the edge, never inside the store.
 """
 
 from __future__ import annotations
 
 import structlog
 
-from projector.api import SECRETS, Api
+from projector.api import BY_KIND, Api
 from projector.errors import ApiError, NotFound
 from projector.model import ObjectKey, is_exported
 from projector.reconcile import Snapshot, SourceState
@@ -27,16 +27,18 @@ async def snapshot(store: Store, name: str, api: Api | None = None) -> Snapshot:
     """
     record = store.grants.get(name)
     grant = record.grant if record is not None else None
-    if grant is None or store.sources.get(grant.source) is not None:
+    if grant is None or store.source(grant.source) is not None:
         return store.snapshot(name)
     state = await source_state(api or store.api, grant.source)
     return store.snapshot(name, uncached=state)
 
 
 async def source_state(api: Api, key: ObjectKey) -> SourceState:
-    """What one metadata-only read says of a source Secret the cache does not hold."""
+    """What one metadata-only read says of a source (Secret or ConfigMap) the cache lacks."""
     try:
-        obj = await api.get(SECRETS, key.name, namespace=key.namespace, metadata_only=True)
+        obj = await api.get(
+            BY_KIND[key.kind], key.name, namespace=key.namespace, metadata_only=True
+        )
     except NotFound:
         return SourceState.MISSING
     except ApiError as e:

@@ -22,7 +22,6 @@ from projector.desired import UNCOPYABLE_TYPES, Desired, desired_copy
 from projector.model import Copy, Grant, Namespace, ObjectKey, Source
 from projector.ownership import Claim, Consent, claim, consent, may_write, policy, wants
 from projector.plans import (
-    CONFLICT_MESSAGE,
     FAILURE_REASONS,
     ORPHAN_DELETED,
     ORPHAN_MESSAGE,
@@ -34,10 +33,10 @@ from projector.plans import (
     SourceState,
     Step,
     WriteResult,
+    conflict_message,
 )
 
 __all__ = [
-    "CONFLICT_MESSAGE",
     "FAILURE_REASONS",
     "ORPHAN_DELETED",
     "ORPHAN_MESSAGE",
@@ -54,6 +53,7 @@ __all__ = [
     "Step",
     "WriteResult",
     "claim",
+    "conflict_message",
     "consent",
     "decide",
     "desired_copy",
@@ -109,9 +109,9 @@ def plan(snap: Snapshot) -> Plan:
     steps: list[Step] = []
     handled: set[ObjectKey] = set()
     matched = 0
-    lookup, target = snap.copies, grant.target_name
+    lookup, target, kind = snap.copies, grant.target_name, grant.kind
     for name in sorted(candidates):  # the hot loop: locals only, no work that can be hoisted
-        key = ObjectKey(name, target)
+        key = ObjectKey(name, target, kind)
         existing = lookup.get(key)
         mine = existing if existing is not None and key in held else None
         if mine is not None:
@@ -260,7 +260,8 @@ def _converge(snap: Snapshot, desired: Desired, ns: Namespace, existing: Copy | 
     if existing is None:
         return Step(ns.name, Action.CREATE, Reason.PROJECTED, None, name)
     if not may_write(snap, existing, ns):
-        return Step(ns.name, Action.NOOP, Reason.CONFLICT, existing, name, CONFLICT_MESSAGE)
+        why = conflict_message(desired.kind)
+        return Step(ns.name, Action.NOOP, Reason.CONFLICT, existing, name, why)
     if existing.deleting:
         return Step(ns.name, Action.NOOP, Reason.COPY_DELETING, existing, name)
     in_sync = desired.in_sync(existing)

@@ -120,6 +120,7 @@ def compute(plan: Plan, outcomes: Sequence[Outcome]) -> dict[str, Any]:
     missing = counts[Reason.NAMESPACE_MISSING]
     errors = [o for o in outcomes if o.reason is Reason.WRITE_FAILED]
     source_ok, source_reason, source_msg = _source(plan, counts[Reason.KEY_MISSING])
+    kind = _kind(plan)
     if not source_ok:
         ready, reason, message = False, source_reason, source_msg
     elif errors:
@@ -144,7 +145,7 @@ def compute(plan: Plan, outcomes: Sequence[Outcome]) -> dict[str, Any]:
             "Conflicted",
             conflicted > 0,
             Reason.CONFLICT.value if conflicted else "NoConflict",
-            f"{conflicted} namespace(s) hold a Secret this grant may not write",
+            f"{conflicted} namespace(s) hold a {kind} this grant may not write",
             generation,
         ),
     ]
@@ -158,21 +159,21 @@ def compute(plan: Plan, outcomes: Sequence[Outcome]) -> dict[str, Any]:
 
 def _source(plan: Plan, keys_missing: int) -> tuple[bool, str, str]:
     """The SourceAvailable condition: available with every granted key, reason, message."""
-    grant = plan.grant
+    grant, kind = plan.grant, _kind(plan)
     if plan.source_state is SourceState.AVAILABLE and keys_missing:
         source_reason, source_msg = Reason.KEY_MISSING.value, "the source lacks a granted key"
     else:
         source_reason = plan.source_state.value
         source_msg = {
-            SourceState.AVAILABLE: "the source Secret is exported",
-            SourceState.NOT_EXPORTED: "the source Secret lacks the export label",
-            SourceState.MISSING: "the source Secret does not exist"
+            SourceState.AVAILABLE: f"the source {kind} is exported",
+            SourceState.NOT_EXPORTED: f"the source {kind} lacks the export label",
+            SourceState.MISSING: f"the source {kind} does not exist"
             + (
                 "; copies deleted"
                 if grant is not None and grant.on_source_deleted.value == "Delete"
                 else "; last good copies kept"
             ),
-            SourceState.UNKNOWN: "the source Secret could not be read",
+            SourceState.UNKNOWN: f"the source {kind} could not be read",
         }[plan.source_state]
     source = plan.snapshot.source
     if source is not None and source.ignored_export_to:
@@ -180,6 +181,11 @@ def _source(plan: Plan, keys_missing: int) -> tuple[bool, str, str]:
         source_msg = f"{source_msg}; {IGNORED_EXPORT_TO}{ignored}"
     ok = plan.source_state is SourceState.AVAILABLE and keys_missing == 0
     return ok, source_reason, source_msg
+
+
+def _kind(plan: Plan) -> str:
+    """What the grant projects, for messages: Secret or ConfigMap."""
+    return plan.grant.kind.value if plan.grant is not None else "Secret"
 
 
 def _failures(outcomes: Iterable[Outcome]) -> list[dict[str, str]]:

@@ -1,4 +1,4 @@
-"""The controller's view of the cluster: four caches, the indexes over them, and snapshots.
+"""The controller's view of the cluster: six caches, the indexes over them, and snapshots.
 
 Informers fill the caches (`Cache.put` / `Cache.pop`); on every change the store updates its
 indexes and tells its listener which grant names the change affects. That is level-based, like
@@ -9,9 +9,13 @@ only (a source the cache lacks is read by `probe`, at the edge). No other module
 A store works the same without informers: `load()` fills it from one-shot lists, and its
 snapshots are those the running controller would take (what `projector explain` plans from).
 
+Sources and copies are cached per kind (Secrets and ConfigMaps, each list and watch filtered
+by label), and every key carries its kind (`ObjectKey.kind`): a Secret and a ConfigMap of one
+name in one namespace are two sources, two copies, two places, never one.
+
 Indexes keep each lookup proportional to the grants or copies concerned, never to all of them:
-grants by source, by listed namespace, with a selector, by uid and by target name (rivals for
-one copy); copies by name, by grant label and by grant uid.
+grants by source, by listed namespace, with a selector, by uid and by target place (kind and
+name: rivals for one copy); copies by place, by grant label and by grant uid.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import structlog
 
 from projector.api import Api
 from projector.caches import (
+    CONFIG_COPY_SPEC,
+    CONFIG_SOURCE_SPEC,
     COPY_SPEC,
     GRANT_SPEC,
     NAMESPACE_SPEC,
@@ -42,6 +48,7 @@ from projector.model import (
     Namespace,
     ObjectKey,
     Source,
+    SourceKind,
 )
 from projector.reconcile import Snapshot, SourceState
 
@@ -59,6 +66,9 @@ Listener = Callable[[Kind, set[str]], None]
 Echo = Callable[[str, Copy], bool]
 """Tells whether a copy event is a grant's own write coming back (`Store.listen`)."""
 
+Place = tuple[SourceKind, str]
+"""Where a grant's copies go, but for the namespace: the copy's kind and name."""
+
 
 class Store:
     """The caches of grants, contract Secrets, namespaces and copies, and their indexes."""
@@ -73,20 +83,24 @@ class Store:
         self.sources = Cache(SOURCE_SPEC, self._source_changed)
         self.namespaces = Cache(NAMESPACE_SPEC, self._namespace_changed)
         self.copies = Cache(COPY_SPEC, self._copy_changed)
+        self.config_sources = Cache(CONFIG_SOURCE_SPEC, self._source_changed)
+        self.config_copies = Cache(CONFIG_COPY_SPEC, self._copy_changed)
         self.caches: tuple[Cache[Any, Any], ...] = (
             self.grants,
             self.sources,
             self.namespaces,
             self.copies,
+            self.config_sources,
+            self.config_copies,
         )
         self._valid: dict[str, Grant] = {}
         self._uids: dict[str, str] = {}
         self._live_uids: frozenset[str] | None = frozenset()
         self._by_source: defaultdict[ObjectKey, set[str]] = defaultdict(set)
         self._by_namespace: defaultdict[str, set[str]] = defaultdict(set)
-        self._by_target: defaultdict[str, set[str]] = defaultdict(set)
+        self._by_target: defaultdict[Place, set[str]] = defaultdict(set)
         self._with_selector: set[str] = set()
-        self._copies_by_name: defaultdict[str, set[ObjectKey]] = defaultdict(set)
+        self._copies_by_place: defaultdict[Place, set[ObjectKey]] = defaultdict(set)
         self._copies_by_label: defaultdict[str, set[ObjectKey]] = defaultdict(set)
         self._copies_by_uid: defaultdict[str, set[ObjectKey]] = defaultdict(set)
 
@@ -140,7 +154,7 @@ class Store:
         """
         record = self.grants.get(name)
         grant = record.grant if record is not None else None
-        source = self.sources.get(grant.source) if grant is not None else None
+        source = self.source(grant.source) if grant is not None else None
         if grant is None:
             state = SourceState.UNKNOWN
         else:
@@ -150,15 +164,13 @@ class Store:
         rivals: tuple[Grant, ...] = ()
         if grant is not None:
             keys |= self._copies_by_uid.get(grant.uid, set())
-            keys |= self._copies_by_name.get(grant.target_name, set())
+            keys |= self._copies_by_place.get(_place(grant), set())
             namespaces = self._targeted(grant)
             rivals = tuple(
-                self._valid[n] for n in self._by_target.get(grant.target_name, ()) if n != name
+                self._valid[n] for n in self._by_target.get(_place(grant), ()) if n != name
             )
-        copies = {k: c for k in keys if (c := self.copies.get(k)) is not None}
-        rival_sources = {
-            r.source: s for r in rivals if (s := self.sources.get(r.source)) is not None
-        }
+        copies = {k: c for k in keys if (c := self.copy(k)) is not None}
+        rival_sources = {r.source: s for r in rivals if (s := self.source(r.source)) is not None}
         return Snapshot(
             grant_name=name,
             grant=grant,
@@ -171,6 +183,16 @@ class Store:
             rival_sources=MappingProxyType(rival_sources),
             record=record,
         )
+
+    def source(self, key: ObjectKey) -> Source | None:
+        """The cached contract Secret or ConfigMap under `key` (its kind says which cache)."""
+        cache = self.sources if key.kind is SourceKind.SECRET else self.config_sources
+        return cache.get(key)
+
+    def copy(self, key: ObjectKey) -> Copy | None:
+        """The cached copy under `key` (its kind says which cache)."""
+        cache = self.copies if key.kind is SourceKind.SECRET else self.config_copies
+        return cache.get(key)
 
     def _targeted(self, grant: Grant) -> dict[str, Namespace]:
         """The existing namespaces a grant aims at: its list, and its selector's matches."""
@@ -197,7 +219,7 @@ class Store:
         if g is None:
             return
         self._by_source[g.source].discard(name)
-        self._by_target[g.target_name].discard(name)
+        self._by_target[_place(g)].discard(name)
         for ns in g.namespaces:
             self._by_namespace[ns].discard(name)
         self._with_selector.discard(name)
@@ -210,7 +232,7 @@ class Store:
                 continue
             names.add(rec.name)
             if rec.grant is not None:
-                names |= self._by_target.get(rec.grant.target_name, set())
+                names |= self._by_target.get(_place(rec.grant), set())
         if old is not None:
             self._uids.pop(old.uid, None)
             self._unindex(old.name)
@@ -220,7 +242,7 @@ class Store:
             if g is not None:
                 self._valid[new.name] = g
                 self._by_source[g.source].add(new.name)
-                self._by_target[g.target_name].add(new.name)
+                self._by_target[_place(g)].add(new.name)
                 for ns in g.namespaces:
                     self._by_namespace[ns].add(new.name)
                 if g.selector is not None:
@@ -258,11 +280,9 @@ class Store:
             if c is None:
                 continue
             label, uid = c.labels.get(GRANT_LABEL), c.grant_uid
-            for index, k in (
-                (self._copies_by_name, c.key.name),
-                (self._copies_by_label, label),
-                (self._copies_by_uid, uid),
-            ):
+            place: Place = (c.key.kind, c.key.name)
+            _update(self._copies_by_place, place, c.key, add)
+            for index, k in ((self._copies_by_label, label), (self._copies_by_uid, uid)):
                 if k:
                     _update(index, k, c.key, add)
             if label:
@@ -271,7 +291,7 @@ class Store:
             if owner:
                 names.add(owner)
         if old is not None and new is None:  # a freed place: a waiting rival may take it now
-            names |= self._by_target.get(old.key.name, set())
+            names |= self._by_target.get((old.key.kind, old.key.name), set())
         elif new is not None:  # a copy that holds what its grant wants is no news to it
             names = {n for n in names if not self._echo(n, new)}
         self._notify(Kind.COPY, names)
@@ -283,7 +303,13 @@ def _never(_name: str, _copy: Copy) -> bool:
     return False
 
 
-def _update(index: defaultdict[str, set[ObjectKey]], k: str, key: ObjectKey, add: bool) -> None:
+def _place(grant: Grant) -> Place:
+    return (grant.kind, grant.target_name)
+
+
+def _update(
+    index: defaultdict[Any, set[ObjectKey]], k: Hashable, key: ObjectKey, add: bool
+) -> None:
     if add:
         index[k].add(key)
         return

@@ -40,12 +40,11 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from projector.api import EVENTS, GRANTS, SECRETS, Api, Obj, Resource
+from projector.api import BY_KIND, EVENTS, GRANTS, Api, Obj, Resource
 from projector.errors import ApiError, Conflict, Forbidden, NotFound, TooManyRequests
 from projector.metrics import Metrics
 from projector.model import Copy, parse_copy
 from projector.reconcile import (
-    CONFLICT_MESSAGE,
     Action,
     Desired,
     Outcome,
@@ -53,6 +52,7 @@ from projector.reconcile import (
     Reason,
     Step,
     WriteResult,
+    conflict_message,
     may_write,
 )
 
@@ -165,13 +165,20 @@ class _Bodies:
 
     def __init__(self, desired: Desired) -> None:
         self._desired = desired
+        self.kind = desired.kind
+        self.resource = BY_KIND[desired.kind]
+        """Where the copy is written: a Secret's copy to secrets, a ConfigMap's to configmaps."""
         self._data: bytes | None = None
 
     @property
     def data(self) -> bytes:
-        """The data, as JSON (serialized on first use)."""
+        """The value fields as JSON members, serialized on first use.
+
+        `"data":{..}`, and a ConfigMap's `"binaryData":{..}`.
+        """
         if self._data is None:
-            self._data = orjson.dumps(dict(self._desired.data))
+            payload = {k: dict(v) for k, v in self._desired.payload().items()}
+            self._data = orjson.dumps(payload)[1:-1]
         return self._data
 
     def body(
@@ -180,7 +187,7 @@ class _Bodies:
         head = orjson.dumps(
             self._desired.manifest(namespace, resource_version, keep, with_data=False)
         )
-        return head[:-1] + b',"data":' + self.data + b"}"
+        return head[:-1] + b"," + self.data + b"}"
 
 
 class Writer:
@@ -311,7 +318,7 @@ class Writer:
             try:
                 await self._send(
                     lambda api: api.replace(
-                        SECRETS, body, namespace=ns, name=name, metadata_only=True
+                        bodies.resource, body, namespace=ns, name=name, metadata_only=True
                     )
                 )
             except NotFound:
@@ -324,7 +331,7 @@ class Writer:
         body = bodies.body(ns)
         try:
             await self._send(
-                lambda api: api.create(SECRETS, body, namespace=ns, metadata_only=True)
+                lambda api: api.create(bodies.resource, body, namespace=ns, metadata_only=True)
             )
             return Outcome(step, Reason.PROJECTED, written=True)
         except Conflict as e:
@@ -336,16 +343,18 @@ class Writer:
             if e.namespace_terminating:
                 return Outcome(step, Reason.TERMINATING)
             raise
-        # The name is taken by a Secret the cache does not hold: the ownership rule decides.
-        obj = await self._api.get(SECRETS, name, namespace=ns, metadata_only=True)
+        # The name is taken by an object the cache does not hold: the ownership rule decides.
+        obj = await self._api.get(bodies.resource, name, namespace=ns, metadata_only=True)
         meta = {**(obj.get("metadata") or {}), "namespace": ns, "name": name}
-        stored = parse_copy({"metadata": meta})
+        stored = parse_copy({"metadata": meta}, bodies.kind)
         place = plan.snapshot.namespaces.get(ns)
         if place is None or not may_write(plan.snapshot, stored, place):
-            return Outcome(step, Reason.CONFLICT, CONFLICT_MESSAGE)
+            return Outcome(step, Reason.CONFLICT, conflict_message(bodies.kind))
         update = bodies.body(ns, stored.resource_version, keep=stored)
         await self._send(
-            lambda api: api.replace(SECRETS, update, namespace=ns, name=name, metadata_only=True)
+            lambda api: api.replace(
+                bodies.resource, update, namespace=ns, name=name, metadata_only=True
+            )
         )
         return Outcome(step, Reason.PROJECTED, written=True)
 
@@ -355,7 +364,7 @@ class Writer:
         try:
             await self._send(
                 lambda api: api.delete(
-                    SECRETS,
+                    BY_KIND[copy.key.kind],
                     copy.key.name,
                     namespace=copy.key.namespace,
                     uid=copy.uid,

@@ -296,6 +296,49 @@ class Cluster:
             }
         self.core.patch_namespaced_secret(name, namespace, patch)
 
+    def config_source(
+        self,
+        namespace: str,
+        name: str,
+        data: Mapping[str, str],
+        *,
+        binary: Mapping[str, bytes] | None = None,
+        export_to: str | None = None,
+        exported: bool = True,
+    ) -> client.V1ConfigMap:
+        """A contract ConfigMap; its values are canaries too (kept out of logs like a Secret's)."""
+        for v in [*data.values(), *(b.decode() for b in (binary or {}).values())]:
+            self.canaries.add(v)
+        meta_labels = {"projector.nebari.dev/export": "true"} if exported else {}
+        annotations = (
+            {"projector.nebari.dev/export-to": export_to} if export_to is not None else None
+        )
+        body = client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(name=name, labels=meta_labels, annotations=annotations),
+            data=dict(data),
+            binary_data=(
+                {k: base64.b64encode(v).decode() for k, v in binary.items()} if binary else None
+            ),
+        )
+        return self.core.create_namespaced_config_map(namespace, body)
+
+    def patch_config_map(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        for v in (patch.get("data") or {}).values():
+            if v is not None:
+                self.canaries.add(v)
+        self.core.patch_namespaced_config_map(name, namespace, patch)
+
+    def config_copy(self, namespace: str, name: str) -> client.V1ConfigMap | None:
+        return or_none(lambda: self.core.read_namespaced_config_map(name, namespace))
+
+    def config_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A ConfigMap's data (binaryData keys map to their decoded text)."""
+        cm = self.config_copy(namespace, name)
+        if cm is None:
+            return None
+        binary = {k: base64.b64decode(v).decode() for k, v in (cm.binary_data or {}).items()}
+        return dict(cm.data or {}) | binary
+
     # -- grants ----------------------------------------------------------------------------------
 
     def grant(
@@ -310,6 +353,7 @@ class Cluster:
         on_revoke: str | None = None,
         on_source_deleted: str | None = None,
         labels: Mapping[str, str] | None = None,
+        kind: str | None = None,
     ) -> str:
         name = name or unique_name(self.prefix)
         target: dict[str, Any] = {}
@@ -325,6 +369,8 @@ class Cluster:
             "source": {"namespace": source[0], "name": source[1]},
             "target": target,
         }
+        if kind is not None:
+            spec["source"]["kind"] = kind
         if keys is not None:
             spec["keys"] = list(keys)
         policy = {
@@ -398,12 +444,7 @@ class Cluster:
     # -- copies ----------------------------------------------------------------------------------
 
     def copy(self, namespace: str, name: str) -> client.V1Secret | None:
-        try:
-            return self.core.read_namespaced_secret(name, namespace)
-        except client.ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        return or_none(lambda: self.core.read_namespaced_secret(name, namespace))
 
     def version(self, namespace: str, name: str) -> tuple[str, str] | None:
         """A Secret's (uid, resourceVersion): equal later only if it was never rewritten."""
@@ -433,6 +474,16 @@ class Cluster:
     def cleanup(self) -> None:
         for g in self.grants:
             self.delete_grant(g)
+
+
+def or_none(read: Callable[[], T]) -> T | None:
+    """What `read` returns, or None if the API server answers 404."""
+    try:
+        return read()
+    except client.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
 
 
 def b64(v: str) -> str:

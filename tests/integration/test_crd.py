@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 
 from projector.errors import InvalidGrant
-from projector.model import OnRevoke, OnSourceDeleted, parse_grant
+from projector.model import OnRevoke, OnSourceDeleted, SourceKind, parse_grant
 from tests.support import eventually, unique_name
 
 GROUP, VERSION, PLURAL = "projector.nebari.dev", "v1alpha1", "projectiongrants"
@@ -59,6 +59,8 @@ VALID = [
         id="metadata",
     ),
     pytest.param(spec(policy={"onRevoke": "Retain", "onSourceDeleted": "Delete"}), id="policy"),
+    pytest.param(spec(source__kind="ConfigMap"), id="configmap"),
+    pytest.param(spec(source__kind="Secret"), id="secret-explicit"),
 ]
 
 INVALID = [
@@ -97,6 +99,7 @@ INVALID = [
     pytest.param(spec(target__name="UPPER"), "target.name", id="bad-target-name"),
     pytest.param(spec(source__name=None), "source.name", id="no-source-name"),
     pytest.param(spec(policy={"onRevoke": "Sometimes"}), "onRevoke", id="bad-policy"),
+    pytest.param(spec(source__kind="Pod"), "source.kind", id="bad-source-kind"),
     pytest.param(
         spec(target__annotations={"note": "x" * 2049}),
         "target.annotations.note",
@@ -143,6 +146,39 @@ def test_invalid_specs_fail_both(
     assert message in json.loads(err.value.body or "{}")["message"]
     with pytest.raises(InvalidGrant):
         parse_grant({"metadata": {"name": "x"}, "spec": s})
+
+
+def test_source_kind_defaults_to_secret_and_is_immutable(
+    custom_objects: client.CustomObjectsApi,
+) -> None:
+    """Changing the kind would leave the copies of the old kind behind: the server refuses it,
+    while other fields of the same grant still change."""
+    name = unique_name("crd-kind")
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ProjectionGrant",
+        "metadata": {"name": name},
+        "spec": spec(),
+    }
+    stored = cast(
+        dict[str, Any], custom_objects.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
+    )
+    try:
+        assert stored["spec"]["source"]["kind"] == "Secret"
+        assert parse_grant(stored).kind is SourceKind.SECRET
+        for kind in ("ConfigMap", "Secret"):  # to another kind, and (after) explicitly the same
+            patch = {"spec": {"source": {"kind": kind}}}
+            if kind == "ConfigMap":
+                with pytest.raises(client.ApiException) as err:
+                    custom_objects.patch_cluster_custom_object(GROUP, VERSION, PLURAL, name, patch)
+                assert err.value.status == 422
+                assert "spec.source.kind is immutable" in (err.value.body or "")
+            else:
+                custom_objects.patch_cluster_custom_object(GROUP, VERSION, PLURAL, name, patch)
+        renamed = {"spec": {"target": {"name": "other"}}}
+        custom_objects.patch_cluster_custom_object(GROUP, VERSION, PLURAL, name, renamed)
+    finally:
+        custom_objects.delete_cluster_custom_object(GROUP, VERSION, PLURAL, name)
 
 
 def test_printer_columns_and_short_name(

@@ -588,6 +588,45 @@ def test_helm_install_upgrade_uninstall_on_a_real_api_server(
             assert denied.value.status in (403, 422), denied.value
             assert "managed-by=projector" in (denied.value.body or ""), denied.value.body
         assert not (core.read_namespaced_secret("not-projectors", dst).metadata.labels or {})
+
+        # ... and ConfigMaps alike: never an unlabelled one, while its own ConfigMap copies land
+        theirs = client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(name="not-projectors"), data={"x": "1"}
+        )
+        core.create_namespaced_config_map(dst, theirs)
+
+        def cm_as_projector(change: Callable[[client.V1ConfigMap], None]) -> Callable[[], object]:
+            def update() -> object:
+                obj = core.read_namespaced_config_map("not-projectors", dst)
+                change(obj)
+                return sa.replace_namespaced_config_map("not-projectors", dst, obj)
+
+            return update
+
+        def cm_rewrite(o: client.V1ConfigMap) -> None:
+            o.data = {"x": "2"}
+
+        def cm_relabel(o: client.V1ConfigMap) -> None:
+            o.metadata.labels = {"projector.nebari.dev/managed-by": "projector"}
+
+        fresh = client.V1ConfigMap(metadata=client.V1ObjectMeta(name="unlabelled-new"))
+        for attempt in (
+            lambda: sa.delete_namespaced_config_map("not-projectors", dst),
+            cm_as_projector(cm_rewrite),
+            cm_as_projector(cm_relabel),
+            lambda: sa.create_namespaced_config_map(dst, fresh),
+        ):
+            with pytest.raises(client.ApiException) as denied:
+                attempt()
+            assert denied.value.status in (403, 422), denied.value
+            assert "managed-by=projector" in (denied.value.body or ""), denied.value.body
+        kept = core.read_namespaced_config_map("not-projectors", dst)
+        assert kept.data == {"x": "1"} and not (kept.metadata.labels or {})
+        k8s.config_source(src, "endpoints", {"hub-url": "http://hub.CANARY-helm-3"}, export_to=dst)
+        k8s.grant((src, "endpoints"), name="endpoints-to-dask", namespaces=[dst], kind="ConfigMap")
+        want = {"hub-url": "http://hub.CANARY-helm-3"}
+        eventually(lambda: k8s.config_data(dst, "endpoints") == want, message="own ConfigMap copy")
+
         k8s.patch_secret(src, "hub", {"data": {"api-token": "CANARY-helm-2"}})
         eventually(lambda: k8s.copy_data(dst, "hub") == {"api-token": "CANARY-helm-2"})
     finally:

@@ -38,6 +38,7 @@ BAD = {
     "reserved-label.yaml": (9, "spec.target.labels", "may not use projector.nebari.dev/ keys"),
     "dotdot-key.yaml": (8, "spec.keys[0]", "may not be '.' or start with '..'"),
     "bad-policy.yaml": (10, "spec.policy.onRevoke", "'Shred' is not one of Delete, Retain"),
+    "bad-kind.yaml": (6, "spec.source.kind", "'Pod' is not one of Secret, ConfigMap"),
     "unknown-field.yaml": (9, "spec.target.namespace", "unknown field"),
     "bad-names.yaml": (6, "spec.source.namespace", "'JupyterHub' does not match"),
     "missing-source.yaml": (5, "spec.source", "required field missing"),
@@ -47,7 +48,14 @@ BAD = {
 def test_the_shipped_grants_pass() -> None:
     result = validate("grants/")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 ProjectionGrant(s)" in result.stderr and "ok" in result.stderr
+    shipped = sum(
+        1
+        for f in (REPO / "grants").glob("*.yaml")
+        for doc in yaml.safe_load_all(f.read_text())
+        if doc and doc.get("kind") == "ProjectionGrant"
+    )
+    assert shipped >= 3  # the ConfigMap example among them
+    assert f"{shipped} ProjectionGrant(s)" in result.stderr and "ok" in result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +69,7 @@ def test_every_error_of_a_directory_is_reported_and_the_exit_is_1(
 ) -> None:
     assert bad_run.returncode == 1
     assert len(bad_run.stdout.splitlines()) == len(BAD) + 1  # bad-names has two errors
-    assert "10 ProjectionGrant(s) in 14 file(s): 9 error(s)" in bad_run.stderr
+    assert "12 ProjectionGrant(s) in 16 file(s): 10 error(s)" in bad_run.stderr
 
 
 @pytest.mark.parametrize("name", sorted(BAD))
