@@ -164,7 +164,7 @@ class _Bodies:
     """The copy's request bodies: its data is serialized once per plan, however many copies."""
 
     def __init__(self, desired: Desired) -> None:
-        self._desired = desired
+        self.desired = desired
         self.kind = desired.kind
         self.resource = BY_KIND[desired.kind]
         """Where the copy is written: a Secret's copy to secrets, a ConfigMap's to configmaps."""
@@ -177,7 +177,7 @@ class _Bodies:
         `"data":{..}`, and a ConfigMap's `"binaryData":{..}`.
         """
         if self._data is None:
-            payload = {k: dict(v) for k, v in self._desired.payload().items()}
+            payload = {k: dict(v) for k, v in self.desired.payload().items()}
             self._data = orjson.dumps(payload)[1:-1]
         return self._data
 
@@ -185,7 +185,7 @@ class _Bodies:
         self, namespace: str, resource_version: str | None = None, keep: Copy | None = None
     ) -> bytes:
         head = orjson.dumps(
-            self._desired.manifest(namespace, resource_version, keep, with_data=False)
+            self.desired.manifest(namespace, resource_version, keep, with_data=False)
         )
         return head[:-1] + b"," + self.data + b"}"
 
@@ -343,13 +343,17 @@ class Writer:
             if e.namespace_terminating:
                 return Outcome(step, Reason.TERMINATING)
             raise
-        # The name is taken by an object the cache does not hold: the ownership rule decides.
-        obj = await self._api.get(bodies.resource, name, namespace=ns, metadata_only=True)
+        # The name is taken by an object the cache does not hold: someone else's, or our own
+        # write whose watch event is late (a big copy on a busy server). Read it whole: the
+        # ownership rule decides, and a copy that already holds what we want is not rewritten.
+        obj = await self._api.get(bodies.resource, name, namespace=ns)
         meta = {**(obj.get("metadata") or {}), "namespace": ns, "name": name}
-        stored = parse_copy({"metadata": meta}, bodies.kind)
+        stored = parse_copy({**obj, "metadata": meta}, bodies.kind)
         place = plan.snapshot.namespaces.get(ns)
         if place is None or not may_write(plan.snapshot, stored, place):
             return Outcome(step, Reason.CONFLICT, conflict_message(bodies.kind))
+        if bodies.desired.in_sync(stored):
+            return Outcome(step, Reason.PROJECTED)
         update = bodies.body(ns, stored.resource_version, keep=stored)
         await self._send(
             lambda api: api.replace(

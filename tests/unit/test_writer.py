@@ -193,6 +193,23 @@ async def test_create_meeting_our_uncached_copy_updates_it() -> None:
     assert [c[0] for c in api.calls] == ["CREATE", "GET", "UPDATE"]
 
 
+async def test_create_meeting_our_uncached_copy_already_in_sync_writes_nothing() -> None:
+    """Our own create whose watch event is late: the next plan's create finds it, not rewrites."""
+    api = FakeApi()
+    w, metrics = writer(api)
+    (first,) = await w.execute(plan_for())
+    assert first.written
+    stored = api.objects[SECRETS.plural, "a", SRC_NAME]["metadata"]
+    stored["managedFields"] = stored_secret(  # as the API server records our create
+        "a", SRC_NAME, managers={"projector": list(stored["annotations"])}
+    )["metadata"]["managedFields"]
+    api.calls.clear()
+    (again,) = await w.execute(plan_for())  # the cache has not seen the copy yet
+    assert (again.reason, again.written) == (Reason.PROJECTED, False)
+    assert [c[0] for c in api.calls] == ["CREATE", "GET"]
+    assert writes(metrics, "Create", "ok") == 1
+
+
 @pytest.mark.parametrize(
     ("error", "reason", "written"),
     [
