@@ -19,7 +19,7 @@ from projector.errors import ApiError, AuthenticationFailed, Conflict, Forbidden
 from projector.kube import Kube
 from tests.support import NamespaceFactory
 
-CONFIGMAPS = Resource("v1", "configmaps", True, "ConfigMap")
+PODS = Resource("v1", "pods", True, "Pod")
 """Not in projector's ClusterRole: every call is a 403."""
 
 
@@ -53,7 +53,7 @@ async def test_errors_are_mapped_and_leave_the_session_and_a_watch_working(
         await asyncio.wait_for(opened.wait(), 30)
         await kube.create(SECRETS, secret("before"), namespace=ns)
         with pytest.raises(Forbidden):
-            await kube.get(CONFIGMAPS, "x", namespace=ns)
+            await kube.get(PODS, "x", namespace=ns)
         with pytest.raises(NotFound):
             await kube.get(SECRETS, "missing", namespace=ns)
         with pytest.raises(Conflict) as exists:

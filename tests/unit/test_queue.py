@@ -522,7 +522,8 @@ class Pending:
         self.adds = 0  # debounced adds collapsed into this run
 
 
-@settings(max_examples=60, stateful_step_count=40, deadline=None)
+# 60 examples once reached a hot window only once and no delayed one (the assertions below)
+@settings(max_examples=240, stateful_step_count=40, deadline=None)
 class QueueMachine(RuleBasedStateMachine):
     """Drive the queue and a plain model side by side, hot windows included.
 
