@@ -240,7 +240,8 @@ def test_leaders_frozen_mid_change_never_overlap_with_their_successors_nor_flap_
 ) -> None:
     """Real contention: each leader is frozen (SIGSTOP) with a change queued, a standby takes
     over and writes it, then the old leader wakes (SIGCONT) still wanting to write: its fence
-    refuses, it follows, and the API server saw no write of it after its successor's."""
+    refuses (or its workers stopped first), it follows, and the API server saw no write of it
+    after its successor's."""
     slow = ("--debounce=2", "--debounce-max=2", "--debounce-hot-max=2")
     for _ in range(3):
         replicas.start(*slow)
@@ -248,7 +249,6 @@ def test_leaders_frozen_mid_change_never_overlap_with_their_successors_nor_flap_
     src, consumer = projection(k8s, make_namespace)
     eventually(copy_is(k8s, consumer, f"ha-canary-{src}-0"), timeout=30)
     transitions = coordination.read_namespaced_lease(LEASE, NS).spec.lease_transitions or 0
-    refused = 0
     for version in range(1, TAKEOVERS + 1):
         frozen = replicas.by_id[leader]
         value = update(k8s, src, version)
@@ -262,7 +262,12 @@ def test_leaders_frozen_mid_change_never_overlap_with_their_successors_nor_flap_
         # so that each replica leads at most once and its writes form one run.
         eventually(lambda f=frozen: "lost the lease" in f.logs(), timeout=RENEW_S + 30)  # type: ignore[misc]
         assert frozen.proc.poll() is None, "losing the lease ended the process"
-        refused += len(log_events(frozen, REFUSED))
+        # Its queued write was refused by its fence, or its term's workers stopped before
+        # sending it (a lost term cancels them at once): either way it wrote nothing after.
+        eventually(
+            lambda f=frozen: bool(log_events(f, REFUSED)) or "workers stopped" in f.logs(),  # type: ignore[misc]
+            timeout=RENEW_S + 30,
+        )
         assert frozen.stop() == 0
         assert nxt in replicas.by_id, f"an unknown holder {nxt}"
         leader = nxt
@@ -289,7 +294,6 @@ def test_leaders_frozen_mid_change_never_overlap_with_their_successors_nor_flap_
     assert sorted(w.verb for w in copy_writes if w.code < 400) == ["create"] + ["update"] * (
         TAKEOVERS
     )
-    assert refused >= TAKEOVERS  # each woke wanting its queued write: the fences were tested
 
 
 def test_the_shipped_deployment_and_budget_are_accepted_by_the_api_server(
