@@ -100,6 +100,29 @@ def decided(release: Release, namespace: str, not_by: str | None = None) -> str 
     return None
 
 
+def opted_in_reader(
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    core: client.CoreV1Api,
+    apps: client.AppsV1Api,
+    busybox: str,
+    value: str,
+) -> tuple[str, str, Reader, tuple[str, str] | None]:
+    """A copy `db` holding `value` and a Deployment `reader` that opted in and prints it from
+    an env var, Running: (producer, namespace, reader, what its first pod shows)."""
+    producer, ns = make_namespace(), make_namespace()
+    k8s.source(producer, "db", {"password": value}, export_to=ns)
+    k8s.grant((producer, "db"), namespaces=[ns])
+    eventually(lambda: k8s.copy_data(ns, "db") == {"password": value})
+    deployment = consumer(
+        "reader", busybox, replicas=1, rollout_on="db", command=["sh", "-c", PRINT_ENV]
+    )
+    apps.create_namespaced_deployment(ns, deployment)
+    reader = Reader(core, apps, ns)
+    shown = eventually(reader.env, 90, message="the reader Running with its env var")
+    return producer, ns, reader, shown
+
+
 def restart_projector(release: Release) -> None:
     """`kubectl rollout restart` of the chart's Deployment, then wait for its new replicas."""
     stamp = {"kubectl.kubernetes.io/restartedAt": f"{time.time():.0f}"}
@@ -118,16 +141,9 @@ def test_an_env_var_consumer_is_rolled_once_per_rotation_and_never_by_restarts_o
     busybox: str,
 ) -> None:
     release = rollout_release
-    producer, ns = make_namespace(), make_namespace()
-    k8s.source(producer, "db", {"password": "CANARY-roll-1"}, export_to=ns)
-    k8s.grant((producer, "db"), namespaces=[ns])
-    eventually(lambda: k8s.copy_data(ns, "db") == {"password": "CANARY-roll-1"})
-    deployment = consumer(
-        "reader", busybox, replicas=1, rollout_on="db", command=["sh", "-c", PRINT_ENV]
+    producer, ns, reader, first = opted_in_reader(
+        k8s, make_namespace, core_v1, apps_v1, busybox, "CANARY-roll-1"
     )
-    apps_v1.create_namespaced_deployment(ns, deployment)
-    reader = Reader(core_v1, apps_v1, ns)
-    first = eventually(reader.env, 90, message="the reader Running with its env var")
     assert first[1] == digest("CANARY-roll-1")
     leader = str(eventually(lambda: decided(release, ns), 30, message="projector saw the reader"))
     assert reader.revision() == 1  # opting in rolls nothing
@@ -177,16 +193,9 @@ def test_a_burst_of_100_updates_in_10_s_rolls_an_env_var_consumer_a_few_times(
     apps_v1: client.AppsV1Api,
     busybox: str,
 ) -> None:
-    producer, ns = make_namespace(), make_namespace()
-    k8s.source(producer, "db", {"password": "CANARY-burst-start"}, export_to=ns)
-    k8s.grant((producer, "db"), namespaces=[ns])
-    eventually(lambda: k8s.copy_data(ns, "db") == {"password": "CANARY-burst-start"})
-    deployment = consumer(
-        "reader", busybox, replicas=1, rollout_on="db", command=["sh", "-c", PRINT_ENV]
+    producer, ns, reader, _ = opted_in_reader(
+        k8s, make_namespace, core_v1, apps_v1, busybox, "CANARY-burst-start"
     )
-    apps_v1.create_namespaced_deployment(ns, deployment)
-    reader = Reader(core_v1, apps_v1, ns)
-    eventually(reader.env, 90, message="the reader Running with its env var")
     eventually(lambda: decided(rollout_release, ns), 30, message="projector saw it")
 
     start = time.monotonic()
