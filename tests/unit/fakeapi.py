@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from projector.api import Obj, Resource, collect
+from projector.api import ANY, Obj, Precondition, Resource, collect
 from projector.errors import ApiError, Conflict, NotFound
 
 Key = tuple[str, str, str]
@@ -139,19 +139,10 @@ class FakeApi:
         return copy.deepcopy(obj)
 
     async def delete(
-        self,
-        res: Resource,
-        name: str,
-        *,
-        namespace: str | None = None,
-        uid: str | None = None,
-        resource_version: str | None = None,
+        self, res: Resource, name: str, *, namespace: str | None = None, only_if: Precondition = ANY
     ) -> None:
         self._call("DELETE", res, name)
-        meta = self._get(res, namespace, name)["metadata"]
-        if (uid and uid != meta["uid"]) or (
-            resource_version and resource_version != meta["resourceVersion"]
-        ):
+        if not only_if.holds(self._get(res, namespace, name)["metadata"]):
             raise Conflict(409, "Conflict", "precondition failed")
         del self.objects[res.plural, namespace or "", name]
 
