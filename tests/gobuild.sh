@@ -8,6 +8,7 @@
 #   source "$(dirname "${BASH_SOURCE[0]}")/../gobuild.sh" NAME   # sets here, cache; set -euo
 #   gobuild_bin "NAME-$VERSION"                                   # sets bin, made
 #   hold_lock "$cache/NAME.lock"
+#   if must_build "$bin/NAME" "$cache/src/NAME-$VERSION.lock"; then ... fi  # sets start
 #   tools_module "$work" projector.invalid/... "module@version" import/path ...
 
 set -euo pipefail
@@ -30,6 +31,16 @@ fail() { log "FAILED: $*"; exit 1; }
 hold_lock() {
   exec 9>"$1"
   flock 9
+}
+
+# True if binary $1 is still to be built, checked again under lock $2 (held from then on): a
+# second run waits for the first and then finds the binary; one that finds it at once takes no
+# lock. Sets start, for the "built in" log line.
+must_build() {
+  [[ -x "$1" ]] && return 1
+  hold_lock "$2"
+  start=$(date +%s)
+  [[ ! -x "$1" ]]
 }
 
 tools_module() {

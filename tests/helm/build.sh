@@ -7,11 +7,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/../gobuild.sh" helm
 gobuild_bin "helm-$HELM_VERSION"
 
-if [[ ! -x "$bin/helm" ]]; then
-  hold_lock "$cache/src/helm-$HELM_VERSION.lock"
-fi
-if [[ ! -x "$bin/helm" ]]; then
-  start=$(date +%s)
+if must_build "$bin/helm" "$cache/src/helm-$HELM_VERSION.lock"; then
   work="$cache/src/helm-$HELM_VERSION"
   tools_module "$work" projector.invalid/tools/helm "helm.sh/helm/v3@$HELM_VERSION" \
     helm.sh/helm/v3/cmd/helm

@@ -15,11 +15,7 @@ source "$here/versions.env"
 key="$OTELCOL_VERSION-contrib-$OTELCOL_CONTRIB_VERSION-$(sha256sum "$here/main.go" | cut -c1-12)"
 gobuild_bin "otelcol-$key"
 
-if [[ ! -x "$bin/otelcol" ]]; then
-  hold_lock "$cache/src/otelcol-$key.lock"
-fi
-if [[ ! -x "$bin/otelcol" ]]; then
-  start=$(date +%s)
+if must_build "$bin/otelcol" "$cache/src/otelcol-$key.lock"; then
   work="$cache/src/otelcol-$key"
   mkdir -p "$work"
   (
