@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -135,14 +136,22 @@ class ControllerProcess:
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
         """Signal it and wait; kill it if it does not exit in time. Returns the exit code."""
         self.stopped = True
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return int(self.proc.returncode)
+        return stop_process(self.proc, sig, timeout)
+
+
+def stop_process(
+    proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 20.0
+) -> int:
+    """Signal a child and reap it; SIGKILL if it does not exit in time (a test never leaves one
+    behind). Returns the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return int(proc.returncode)
 
 
 def launch(

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from tests.controlplane.plane import free_port
+from tests.launcher import stop_process
 from tests.support import eventually
 
 HERE = Path(__file__).resolve().parent
@@ -127,13 +128,7 @@ class Collector:
 
     def stop(self) -> None:
         """Terminate and reap the collector (it flushes its file on the way out)."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, timeout=10)
 
 
 class BlackHole:

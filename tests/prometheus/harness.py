@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from tests.controlplane.plane import free_port
+from tests.launcher import stop_process
 from tests.support import eventually
 
 HERE = Path(__file__).resolve().parent
@@ -116,13 +117,7 @@ class Prometheus:
 
     def stop(self) -> None:
         """Terminate and reap the server."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, timeout=20)
 
 
 class StallProxy:
