@@ -13,7 +13,9 @@ import contextlib
 import select
 import socket
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -125,3 +127,16 @@ def relayed_kubeconfig(src: Path, dest: Path, port: int) -> Path:
     dest.write_text(yaml.safe_dump(doc))
     dest.chmod(0o600)
     return dest
+
+
+@contextlib.contextmanager
+def relay_to(server: str, kubeconfig: Path, dest: Path) -> Iterator[tuple[Relay, Path]]:
+    """A started relay to `server` and a copy of `kubeconfig` (at `dest`) that goes through it;
+    closed on the way out, so no test leaves a connection open."""
+    url = urlsplit(server)
+    relay = Relay((url.hostname or "127.0.0.1", url.port or 443))
+    relay.start()
+    try:
+        yield relay, relayed_kubeconfig(kubeconfig, dest, relay.port)
+    finally:
+        relay.close()

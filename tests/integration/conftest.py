@@ -19,6 +19,7 @@ from kubernetes import client
 from tests import support
 from tests.controlplane.plane import ControlPlane
 from tests.launcher import ControllerProcess, launch
+from tests.proxy import Relay, relay_to
 from tests.support import Canaries, Cluster, NamespaceFactory, eventually
 
 
@@ -92,6 +93,16 @@ def start_controller(
 def controller(start_controller: Any) -> ControllerProcess:
     """One running controller for this test."""
     return start_controller()
+
+
+@pytest.fixture
+def relayed(
+    control_plane: ControlPlane, projector_kubeconfig: Path, tmp_path: Path
+) -> Iterator[tuple[Relay, Path]]:
+    """A relay to the session's API server and the controller's kubeconfig through it, for the
+    fault tests that break the network (ask for it after `start_controller`: it closes first)."""
+    with relay_to(control_plane.server, projector_kubeconfig, tmp_path / "relayed") as pair:
+        yield pair
 
 
 @pytest.fixture

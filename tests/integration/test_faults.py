@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from kubernetes import client
@@ -30,7 +29,7 @@ from tests import reliability, support
 from tests.conftest import AUDIT_POLICY
 from tests.controlplane.plane import APISERVER, ControlPlane
 from tests.launcher import ControllerProcess
-from tests.proxy import Relay, relayed_kubeconfig
+from tests.proxy import Relay, relay_to
 from tests.support import (
     Canaries,
     Cluster,
@@ -182,65 +181,71 @@ def test_controller_killed_mid_fan_out_converges_without_strays_or_duplicates(
     assert created == Counter(dict.fromkeys(targets, 1))  # one successful create per target
 
 
+def _change_in_a_black_hole(
+    k8s: Cluster, relay: Relay, src: str, target: str, token: str, *, at_least: tuple[int, str]
+) -> tuple[int, float]:
+    """Silence every connection through the relay (at least this many, for this reason), change
+    the source at once, and wait for the copy in `target`: (connections silenced, seconds from
+    the silence to the change landing)."""
+    silenced = relay.blackhole()
+    assert silenced >= at_least[0], f"{silenced} connections silenced: {at_least[1]}"
+    holed = time.monotonic()
+    k8s.patch_secret(src, "hub", {"data": {"token": token}})
+    eventually(lambda: k8s.copy_data(target, "hub") == {"token": token}, timeout=60)
+    return silenced, time.monotonic() - holed
+
+
 def test_silent_watch_through_a_black_hole_is_restarted_and_the_change_lands(
     k8s: Cluster,
     make_namespace: NamespaceFactory,
     start_controller: Any,
-    control_plane: ControlPlane,
-    projector_kubeconfig: Path,
     audit_log: Path,
-    tmp_path: Path,
+    relayed: tuple[Relay, Path],
 ) -> None:
     """Every established connection stops carrying bytes but stays open (no FIN, no RST): only
     the watches' read deadline (half of --informer-stall-after) can tell; they reconnect, resume
     and deliver the change made meanwhile."""
-    url = urlsplit(control_plane.server)
-    relay = Relay((url.hostname or "127.0.0.1", url.port or 443))
-    relay.start()
-    try:
-        kubeconfig = relayed_kubeconfig(projector_kubeconfig, tmp_path / "relayed", relay.port)
-        src, a = make_namespace(), make_namespace()
-        k8s.source(src, "hub", {"token": "stall-canary-1"}, export_to="*")
-        ctl = start_controller(
-            f"--kubeconfig={kubeconfig}", "--watch-timeout=2", "--informer-stall-after=10s"
-        )
-        k8s.grant((src, "hub"), namespaces=[a])
-        eventually(lambda: k8s.copy_data(a, "hub") == {"token": "stall-canary-1"})
-        uid = k8s.copy(a, "hub").metadata.uid
-        started = datetime.now(UTC)
-        errors = ctl.metric("projector_informer_events_total", kind="sources", type="ERROR")
-        silenced = relay.blackhole()
-        assert silenced >= 4, "every informer's watch runs over the relay"
-        stalled = time.monotonic()
-        k8s.patch_secret(src, "hub", {"data": {"token": "stall-canary-2"}})
-        eventually(lambda: k8s.copy_data(a, "hub") == {"token": "stall-canary-2"}, timeout=60)
-        converged = time.monotonic() - stalled
-        detected = ctl.metric("projector_informer_events_total", kind="sources", type="ERROR")
-        deletes = deletes_since(audit_log, started)
-        copy = k8s.copy(a, "hub")
-        reliability.record(
-            "Watch silently black-holed",
-            injected=(
-                f"every connection between the controller and the API server ({silenced}, its "
-                "watches included) stopped carrying bytes without being closed, through a "
-                "loopback TCP relay; a source change made at once. Controller flags: "
-                "--watch-timeout=2 --informer-stall-after=10s (read deadline 5 s)."
-            ),
-            observed={
-                "deletes": len(deletes),
-                "missed_updates": 0
-                if k8s.copy_data(a, "hub") == {"token": "stall-canary-2"}
-                else 1,
-                "converge_seconds": converged,
-                "stalls_detected_by_read_deadline": int(detected - errors),
-                "copies_recreated": 0 if copy is not None and copy.metadata.uid == uid else 1,
-            },
-        )
-        assert detected > errors  # the sources watch ended on its read deadline
-        assert deletes == []
-        assert copy is not None and copy.metadata.uid == uid
-    finally:
-        relay.close()
+    relay, kubeconfig = relayed
+    src, a = make_namespace(), make_namespace()
+    k8s.source(src, "hub", {"token": "stall-canary-1"}, export_to="*")
+    ctl = start_controller(
+        f"--kubeconfig={kubeconfig}", "--watch-timeout=2", "--informer-stall-after=10s"
+    )
+    k8s.grant((src, "hub"), namespaces=[a])
+    eventually(lambda: k8s.copy_data(a, "hub") == {"token": "stall-canary-1"})
+    uid = k8s.copy(a, "hub").metadata.uid
+    started = datetime.now(UTC)
+    errors = ctl.metric("projector_informer_events_total", kind="sources", type="ERROR")
+    silenced, converged = _change_in_a_black_hole(
+        k8s,
+        relay,
+        src,
+        a,
+        "stall-canary-2",
+        at_least=(4, "every informer's watch runs over the relay"),
+    )
+    detected = ctl.metric("projector_informer_events_total", kind="sources", type="ERROR")
+    deletes = deletes_since(audit_log, started)
+    copy = k8s.copy(a, "hub")
+    reliability.record(
+        "Watch silently black-holed",
+        injected=(
+            f"every connection between the controller and the API server ({silenced}, its "
+            "watches included) stopped carrying bytes without being closed, through a "
+            "loopback TCP relay; a source change made at once. Controller flags: "
+            "--watch-timeout=2 --informer-stall-after=10s (read deadline 5 s)."
+        ),
+        observed={
+            "deletes": len(deletes),
+            "missed_updates": 0 if k8s.copy_data(a, "hub") == {"token": "stall-canary-2"} else 1,
+            "converge_seconds": converged,
+            "stalls_detected_by_read_deadline": int(detected - errors),
+            "copies_recreated": 0 if copy is not None and copy.metadata.uid == uid else 1,
+        },
+    )
+    assert detected > errors  # the sources watch ended on its read deadline
+    assert deletes == []
+    assert copy is not None and copy.metadata.uid == uid
 
 
 # --- 410 Gone, for real -------------------------------------------------------------------------
@@ -304,67 +309,63 @@ def test_watch_expired_after_etcd_compaction_relists_and_deletes_nothing(
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         k8s = Cluster(core, custom, canaries, "gone")
         kubeconfig = support.projector_kubeconfig(api, plane, tmp_path / "projector.kubeconfig")
-        url = urlsplit(plane.server)
-        relay = Relay((url.hostname or "127.0.0.1", url.port or 443))
-        relay.start()
-        relayed = relayed_kubeconfig(kubeconfig, tmp_path / "relayed", relay.port)
+        with relay_to(plane.server, kubeconfig, tmp_path / "relayed") as (relay, relayed):
 
-        def namespace(**labels: str) -> str:
-            name = unique_name("gone")
-            core.create_namespace(
-                client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels))
-            )
-            return name
+            def namespace(**labels: str) -> str:
+                name = unique_name("gone")
+                core.create_namespace(
+                    client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels))
+                )
+                return name
 
-        src, a, b = namespace(), namespace(pack="gone"), namespace(pack="gone")
-        k8s.source(src, "hub", {"token": "gone-canary-1"}, export_to="*")
-        grant = k8s.grant((src, "hub"), selector={"matchLabels": {"pack": "gone"}})
-        ctl = start_controller(f"--kubeconfig={relayed}")
-        eventually(all_hold(core, grant, "gone-canary-1", n=2), timeout=60)
-        before = {ns: uid for ns, (uid, _) in copies(core, grant).items()}
-        started = datetime.now(UTC)
-        relists = ctl.metric("projector_informer_events_total", type="RELIST")
-        try:
-            relay.cut()
-            eventually(
-                lambda: ctl.metric("projector_informer_events_total", type="ERROR") >= 4,
-                message="every informer noticed the cut",
+            src, a, b = namespace(), namespace(pack="gone"), namespace(pack="gone")
+            k8s.source(src, "hub", {"token": "gone-canary-1"}, export_to="*")
+            grant = k8s.grant((src, "hub"), selector={"matchLabels": {"pack": "gone"}})
+            ctl = start_controller(f"--kubeconfig={relayed}")
+            eventually(all_hold(core, grant, "gone-canary-1", n=2), timeout=60)
+            before = {ns: uid for ns, (uid, _) in copies(core, grant).items()}
+            started = datetime.now(UTC)
+            relists = ctl.metric("projector_informer_events_total", type="RELIST")
+            try:
+                relay.cut()
+                eventually(
+                    lambda: ctl.metric("projector_informer_events_total", type="ERROR") >= 4,
+                    message="every informer noticed the cut",
+                )
+                k8s.patch_secret(src, "hub", {"data": {"token": "gone-canary-2"}})
+                c = namespace(pack="gone")
+                revision = etcd_compact(plane.etcd_url)
+            finally:
+                relay.restore()
+            back = time.monotonic()
+            eventually(all_hold(core, grant, "gone-canary-2", n=3), timeout=90)
+            converged = time.monotonic() - back
+            expired = ctl.logs().count("watch expired; relisting")
+            relisted = ctl.metric("projector_informer_events_total", type="RELIST") - relists
+            deletes = deletes_since(plane.root / "audit.log", started)
+            after = copies(core, grant)
+            reliability.record(
+                "Watch expired (410 Gone) after etcd compaction",
+                injected=(
+                    "the controller's connections to an API server without a watch cache cut; "
+                    "meanwhile a source change, a new target namespace, and an etcd compaction at "
+                    f"revision {revision}, past every resourceVersion the informers held; then "
+                    "connections allowed again."
+                ),
+                observed={
+                    "deletes": len(deletes),
+                    "missed_updates": missed(core, grant, {a, b, c}, "gone-canary-2"),
+                    "converge_seconds": converged,
+                    "watches_expired_410": expired,
+                    "relists": int(relisted),
+                    "copies_recreated": sum(1 for ns, uid in before.items() if after[ns][0] != uid),
+                },
             )
-            k8s.patch_secret(src, "hub", {"data": {"token": "gone-canary-2"}})
-            c = namespace(pack="gone")
-            revision = etcd_compact(plane.etcd_url)
-        finally:
-            relay.restore()
-        back = time.monotonic()
-        eventually(all_hold(core, grant, "gone-canary-2", n=3), timeout=90)
-        converged = time.monotonic() - back
-        expired = ctl.logs().count("watch expired; relisting")
-        relisted = ctl.metric("projector_informer_events_total", type="RELIST") - relists
-        deletes = deletes_since(plane.root / "audit.log", started)
-        after = copies(core, grant)
-        reliability.record(
-            "Watch expired (410 Gone) after etcd compaction",
-            injected=(
-                "the controller's connections to an API server without a watch cache cut; "
-                "meanwhile a source change, a new target namespace, and an etcd compaction at "
-                f"revision {revision}, past every resourceVersion the informers held; then "
-                "connections allowed again."
-            ),
-            observed={
-                "deletes": len(deletes),
-                "missed_updates": missed(core, grant, {a, b, c}, "gone-canary-2"),
-                "converge_seconds": converged,
-                "watches_expired_410": expired,
-                "relists": int(relisted),
-                "copies_recreated": sum(1 for ns, uid in before.items() if after[ns][0] != uid),
-            },
-        )
-        assert expired >= 1, "no watch was answered 410 Gone"
-        assert relisted >= expired
-        assert deletes == []
-        assert {ns: after[ns][0] for ns in before} == before
-        k8s.scan()
-        relay.close()
+            assert expired >= 1, "no watch was answered 410 Gone"
+            assert relisted >= expired
+            assert deletes == []
+            assert {ns: after[ns][0] for ns in before} == before
+            k8s.scan()
     finally:
         api.close()
 
@@ -524,68 +525,62 @@ def test_a_black_hole_costs_no_lease_term_and_no_request_waits_on_a_dead_connect
     k8s: Cluster,
     make_namespace: NamespaceFactory,
     start_controller: Any,
-    control_plane: ControlPlane,
-    projector_kubeconfig: Path,
     admin_client: client.ApiClient,
     audit_log: Path,
-    tmp_path: Path,
+    relayed: tuple[Relay, Path],
 ) -> None:
     """Every connection of a leader (default lease timings) silenced at once, idle pooled ones
     included: no request waits on one of them past its read timeout (10 s; a Lease call 1.5 s),
     the leader renews on a fresh connection well within its renew deadline (its term goes on),
     and a change made at once lands when the watches' read deadline has reconnected them."""
-    url = urlsplit(control_plane.server)
-    relay = Relay((url.hostname or "127.0.0.1", url.port or 443))
-    relay.start()
-    try:
-        kubeconfig = relayed_kubeconfig(projector_kubeconfig, tmp_path / "relayed", relay.port)
-        src, a = make_namespace(), make_namespace()
-        k8s.source(src, "hub", {"token": "hole-canary-1"}, export_to="*")
-        rid = unique_name("hole", max_len=30)
-        ctl = start_controller(
-            f"--kubeconfig={kubeconfig}",
-            f"--id={rid}",
-            "--informer-stall-after=10s",
-            leader_elect=True,
-        )
-        eventually(lambda: _holder(admin_client) == rid, timeout=40)
-        k8s.grant((src, "hub"), namespaces=[a])
-        eventually(lambda: k8s.copy_data(a, "hub") == {"token": "hole-canary-1"})
-        uid = k8s.copy(a, "hub").metadata.uid
-        terms = ctl.metric("projector_leader_transitions_total")
-        renewals = ctl.metric("projector_lease_renew_seconds_count")
-        slow_before = _slow_requests(ctl, 10.0)
-        started = datetime.now(UTC)
-        silenced = relay.blackhole()
-        assert silenced >= 5, "the watches and the Lease's connection run over the relay"
-        holed = time.monotonic()
-        k8s.patch_secret(src, "hub", {"data": {"token": "hole-canary-2"}})
-        eventually(lambda: k8s.copy_data(a, "hub") == {"token": "hole-canary-2"}, timeout=60)
-        converged = time.monotonic() - holed
-        eventually(lambda: ctl.metric("projector_lease_renew_seconds_count") >= renewals + 2)
-        slow = _slow_requests(ctl, 10.0) - slow_before
-        lost = ctl.logs().count("lost the lease")
-        deletes = deletes_since(audit_log, started)
-        reliability.record(
-            "Every connection of a leader black-holed, idle pooled ones included",
-            injected=(
-                f"all {silenced} connections between a leader (default lease timings) and the "
-                "API server, its watches, its Lease session and its idle pooled connections, "
-                "stopped carrying bytes without being closed (a loopback TCP relay); a source "
-                "change made at once. --informer-stall-after=10s (watch read deadline 5 s)."
-            ),
-            observed={
-                "deletes": len(deletes),
-                "missed_updates": int(k8s.copy_data(a, "hub") != {"token": "hole-canary-2"}),
-                "converge_seconds": converged,
-                "requests_over_10s": int(slow),
-                "lease_terms_lost": lost,
-                "copies_recreated": int(k8s.copy(a, "hub").metadata.uid != uid),
-            },
-        )
-        assert slow == 0, "a request waited on a dead connection past its read timeout"
-        assert lost == 0 and ctl.metric("projector_leader") == 1
-        assert ctl.metric("projector_leader_transitions_total") == terms
-        assert deletes == []
-    finally:
-        relay.close()
+    relay, kubeconfig = relayed
+    src, a = make_namespace(), make_namespace()
+    k8s.source(src, "hub", {"token": "hole-canary-1"}, export_to="*")
+    rid = unique_name("hole", max_len=30)
+    ctl = start_controller(
+        f"--kubeconfig={kubeconfig}",
+        f"--id={rid}",
+        "--informer-stall-after=10s",
+        leader_elect=True,
+    )
+    eventually(lambda: _holder(admin_client) == rid, timeout=40)
+    k8s.grant((src, "hub"), namespaces=[a])
+    eventually(lambda: k8s.copy_data(a, "hub") == {"token": "hole-canary-1"})
+    uid = k8s.copy(a, "hub").metadata.uid
+    terms = ctl.metric("projector_leader_transitions_total")
+    renewals = ctl.metric("projector_lease_renew_seconds_count")
+    slow_before = _slow_requests(ctl, 10.0)
+    started = datetime.now(UTC)
+    silenced, converged = _change_in_a_black_hole(
+        k8s,
+        relay,
+        src,
+        a,
+        "hole-canary-2",
+        at_least=(5, "the watches and the Lease's connection run over the relay"),
+    )
+    eventually(lambda: ctl.metric("projector_lease_renew_seconds_count") >= renewals + 2)
+    slow = _slow_requests(ctl, 10.0) - slow_before
+    lost = ctl.logs().count("lost the lease")
+    deletes = deletes_since(audit_log, started)
+    reliability.record(
+        "Every connection of a leader black-holed, idle pooled ones included",
+        injected=(
+            f"all {silenced} connections between a leader (default lease timings) and the "
+            "API server, its watches, its Lease session and its idle pooled connections, "
+            "stopped carrying bytes without being closed (a loopback TCP relay); a source "
+            "change made at once. --informer-stall-after=10s (watch read deadline 5 s)."
+        ),
+        observed={
+            "deletes": len(deletes),
+            "missed_updates": int(k8s.copy_data(a, "hub") != {"token": "hole-canary-2"}),
+            "converge_seconds": converged,
+            "requests_over_10s": int(slow),
+            "lease_terms_lost": lost,
+            "copies_recreated": int(k8s.copy(a, "hub").metadata.uid != uid),
+        },
+    )
+    assert slow == 0, "a request waited on a dead connection past its read timeout"
+    assert lost == 0 and ctl.metric("projector_leader") == 1
+    assert ctl.metric("projector_leader_transitions_total") == terms
+    assert deletes == []

@@ -11,13 +11,11 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
 from tests import reliability
-from tests.controlplane.plane import ControlPlane
-from tests.proxy import Relay, relayed_kubeconfig
+from tests.proxy import Relay
 from tests.support import Cluster, NamespaceFactory, audit_writes, eventually
 
 DATA = {"token": "CANARY-resilience-1"}
@@ -28,15 +26,10 @@ def test_unreachable_api_server_deletes_nothing_and_converges_when_back(
     k8s: Cluster,
     make_namespace: NamespaceFactory,
     start_controller: Any,
-    control_plane: ControlPlane,
-    projector_kubeconfig: Path,
     audit_log: Path,
-    tmp_path: Path,
+    relayed: tuple[Relay, Path],
 ) -> None:
-    url = urlsplit(control_plane.server)
-    relay = Relay((url.hostname or "127.0.0.1", url.port or 443))
-    relay.start()
-    kubeconfig = relayed_kubeconfig(projector_kubeconfig, tmp_path / "relayed", relay.port)
+    relay, kubeconfig = relayed
     src, a, b = make_namespace(), make_namespace(), make_namespace()
     k8s.source(src, "hub", DATA, export_to="*")
     ctl = start_controller(f"--kubeconfig={kubeconfig}")
