@@ -200,11 +200,19 @@ def explain(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _cli(*args: Path | str) -> subprocess.CompletedProcess[str]:
+    return run_module("projector", *args)
+
+
+def run_module(
+    module: str, *args: Path | str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run `python -m MODULE ARGS...` from the repository, as a user would; its output, exit code
+    not checked (the test says what it expects)."""
     return subprocess.run(
-        [sys.executable, "-m", "projector", *map(str, args)],
+        [sys.executable, "-m", module, *map(str, args)],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         check=False,
     )

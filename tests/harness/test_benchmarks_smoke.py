@@ -8,8 +8,6 @@ skips naming the missing binary."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ import pytest
 
 from benchmarks.peers import all_peers
 from tests.controlplane.plane import ControlPlane, cache_dir
-from tests.launcher import REPO
+from tests.launcher import run_module
 
 EXPECTED = {"hotpath", "fanout-5", "latency", "burst", "failover", "restart", "memory", "scaling"}
 
@@ -25,22 +23,8 @@ EXPECTED = {"hotpath", "fanout-5", "latency", "burst", "failover", "restart", "m
 @pytest.fixture(scope="module")
 def tiny(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("bench-tiny")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks",
-            "tiny",
-            "--out",
-            str(out),
-            "--kubeconfig",
-            str(control_plane.kubeconfig),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    result = run_module(
+        "benchmarks", "tiny", "--out", out, "--kubeconfig", control_plane.kubeconfig, timeout=600
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out

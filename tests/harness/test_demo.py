@@ -3,31 +3,21 @@ was observed, so the README's first command cannot rot."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from tests.controlplane.plane import ControlPlane
 from tests.demo import NODE_STEPS
-from tests.launcher import REPO
+from tests.launcher import run_module
 
 
 def test_demo_story_is_observed_end_to_end(control_plane: ControlPlane, tmp_path: Path) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.demo",
-            "--root",
-            str(control_plane.root),
-            "--kubeconfig",
-            str(tmp_path / "kubeconfig"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    result = run_module(
+        "tests.demo",
+        "--root",
+        control_plane.root,
+        "--kubeconfig",
+        tmp_path / "kubeconfig",
         timeout=300,
-        check=False,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     # Where a node can start (tests/node) the pod steps run too; where not, the demo says why.

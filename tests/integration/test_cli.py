@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
-from tests.launcher import REPO, ControllerProcess
+from tests.launcher import ControllerProcess, run_module
 from tests.support import Cluster, NamespaceFactory, eventually
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "projector", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_module("projector", *args)
 
 
 def test_fatal_errors_exit_non_zero_with_one_line(tmp_path: Path) -> None:
