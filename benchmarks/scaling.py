@@ -107,6 +107,15 @@ async def _sources(kube: Kube, ns: str, prefix: str) -> None:
     )
 
 
+async def _arena(kube: Kube, tag: str, count: int) -> list[str]:
+    """An axis's sources (`scale-TAG-src/TAG-hub-N`) and its `count` target namespaces
+    (`scale-TAG-I`), which it returns."""
+    await _sources(kube, f"scale-{tag}-src", f"{tag}-hub")
+    targets = [f"scale-{tag}-{i}" for i in range(count)]
+    await namespaces(kube, targets, {})
+    return targets
+
+
 def _labelled(body: dict[str, Any], axis: str) -> dict[str, Any]:
     """A grant whose copies carry `bench-axis=<axis>` (the target's labels are copied)."""
     body["spec"]["target"]["labels"] = {AXIS: axis}
@@ -247,9 +256,7 @@ async def namespaces_axis(axis: Axis, sizes: Sequence[int]) -> None:
 
 async def grants_axis(axis: Axis, sizes: Sequence[int]) -> None:
     kube = axis.kube
-    await _sources(kube, "scale-g-src", "g-hub")
-    targets = [f"scale-g-{i}" for i in range(BASE_NAMESPACES)]
-    await namespaces(kube, targets, {})
+    targets = await _arena(kube, "g", BASE_NAMESPACES)
 
     async def step(have: int, n: int) -> Grown:
         await _grants(kube, "grants", range(have, n), lambda g: [targets[g % BASE_NAMESPACES]])
@@ -266,9 +273,7 @@ def _spread(targets: list[str], g: int, per: int) -> list[str]:
 
 async def copies_axis(axis: Axis, sizes: Sequence[int]) -> None:
     kube = axis.kube
-    await _sources(kube, "scale-c-src", "c-hub")
-    targets = [f"scale-c-{i}" for i in range(BASE_NAMESPACES)]
-    await namespaces(kube, targets, {})
+    targets = await _arena(kube, "c", BASE_NAMESPACES)
 
     async def step(have: int, n: int) -> Grown:
         per = n // COPY_GRANTS
@@ -296,9 +301,8 @@ async def copies_axis(axis: Axis, sizes: Sequence[int]) -> None:
 async def unrelated_axis(axis: Axis, sizes: Sequence[int]) -> None:
     """Unlabelled Secrets created while one controller runs: its RSS and CPU must not move."""
     kube = axis.kube
-    await _sources(kube, "scale-u-src", "u-hub")
-    targets = [f"scale-u-{i}" for i in range(100)]
-    await namespaces(kube, [*targets, "scale-unrelated"], {})
+    targets = await _arena(kube, "u", 100)
+    await namespaces(kube, ["scale-unrelated"], {})
     g = grant("scale-u", ("scale-u-src", "u-hub-0"), targets=targets)
     await ensure(kube, GRANTS, _labelled(g, "unrelated"))
     fanned = [(ns, "u-hub-0") for ns in targets]
@@ -339,9 +343,7 @@ async def rate_axis(
 ) -> None:
     """One source, 100 copies, updates at each rate for `seconds` (default flags: the debounce
     coalesces a hot source): CPU per update, writes per copy, and the lag of the last value."""
-    await _sources(kube, "scale-r-src", "r-hub")
-    targets = [f"scale-r-{i}" for i in range(100)]
-    await namespaces(kube, targets, {})
+    targets = await _arena(kube, "r", 100)
     g = grant("scale-r", ("scale-r-src", "r-hub-0"), targets=targets)
     await ensure(kube, GRANTS, _labelled(g, "rate"))
     keys = [(ns, "r-hub-0") for ns in targets]
