@@ -207,9 +207,7 @@ def run_story(
 
     story.say("JupyterHub rotates the token ...")
     token = f"demo-token-{int(time.time())}"
-    core.patch_namespaced_secret(
-        "hub", "jupyterhub", {"stringData": {"hub.services.dask-gateway.apiToken": token}}
-    )
+    _rotate(core, token)
     story.step(
         "the rotated token lands in dask-gateway's copy",
         lambda: secret_data(core, "dask-gateway", "jupyterhub-contract") == {"api-token": token},
@@ -246,6 +244,13 @@ READER = (
     "while true; do echo file=$(busybox sha256sum /etc/contract/api-token | busybox cut -c1-64); "
     "sleep 0.2; done"
 )
+
+
+def _rotate(core: client.CoreV1Api, token: str) -> None:
+    """JupyterHub rotates the token it gives dask-gateway (in its source, hub/jupyterhub)."""
+    core.patch_namespaced_secret(
+        "hub", "jupyterhub", {"stringData": {"hub.services.dask-gateway.apiToken": token}}
+    )
 
 
 def _digest(value: str) -> str:
@@ -300,9 +305,7 @@ def pod_story(
         )
         story.say("JupyterHub rotates the token again ...")
         rotated = f"{token}-r"
-        core.patch_namespaced_secret(
-            "hub", "jupyterhub", {"stringData": {"hub.services.dask-gateway.apiToken": rotated}}
-        )
+        _rotate(core, rotated)
         story.step(
             "the file in the running pod follows; the env var keeps its start value",
             lambda: (
