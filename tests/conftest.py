@@ -24,6 +24,7 @@ from tests.support import (
     NamespaceFactory,
     ServiceAccountKubeconfigFactory,
     api_client,
+    bind_service_account,
     docker_unavailable_reason,
     eventually,
     request_token,
@@ -263,17 +264,7 @@ def service_account_kubeconfig(
             namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=name))
         )
         binding = unique_name(f"tests-{namespace}-{name}")
-        rbac_v1.create_cluster_role_binding(
-            client.V1ClusterRoleBinding(
-                metadata=client.V1ObjectMeta(name=binding),
-                role_ref=client.V1RoleRef(
-                    api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=cluster_role
-                ),
-                subjects=[
-                    client.RbacV1Subject(kind="ServiceAccount", name=name, namespace=namespace)
-                ],
-            )
-        )
+        bind_service_account(rbac_v1, binding, cluster_role, name, namespace)
         bindings.append(binding)
         user = f"system:serviceaccount:{namespace}:{name}"
         _wait_until_bound(rbac_v1, auth_v1, cluster_role, user, namespace)

@@ -115,6 +115,29 @@ def request_token(
     return response.status.token
 
 
+def bind_service_account(
+    rbac_v1: client.RbacAuthorizationV1Api,
+    binding: str,
+    cluster_role: str,
+    service_account: str,
+    namespace: str,
+) -> None:
+    """Bind a ClusterRole to a ServiceAccount cluster-wide, the way the chart binds projector's."""
+    rbac_v1.create_cluster_role_binding(
+        client.V1ClusterRoleBinding(
+            metadata=client.V1ObjectMeta(name=binding),
+            role_ref=client.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=cluster_role
+            ),
+            subjects=[
+                client.RbacV1Subject(
+                    kind="ServiceAccount", name=service_account, namespace=namespace
+                )
+            ],
+        )
+    )
+
+
 def write_token_kubeconfig(
     path: Path, plane: ControlPlane, token: str, *, user: str, namespace: str | None = None
 ) -> Path:

@@ -35,6 +35,7 @@ from tests.support import (
     NamespaceFactory,
     ServiceAccountKubeconfigFactory,
     api_client,
+    bind_service_account,
     eventually,
     request_token,
     status_of,
@@ -131,17 +132,7 @@ def test_service_account_needs_rbac(
 
     role = cluster_role(SECRET_READER)
     binding = unique_name("tests-reader")
-    rbac_v1.create_cluster_role_binding(
-        client.V1ClusterRoleBinding(
-            metadata=client.V1ObjectMeta(name=binding),
-            role_ref=client.V1RoleRef(
-                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=role
-            ),
-            subjects=[
-                client.RbacV1Subject(kind="ServiceAccount", name="reader", namespace=namespace)
-            ],
-        )
-    )
+    bind_service_account(rbac_v1, binding, role, "reader", namespace)
     request.addfinalizer(functools.partial(rbac_v1.delete_cluster_role_binding, binding))
 
     eventually(lambda: status_of(list_secrets) == 200, message="binding never took effect")
