@@ -21,6 +21,8 @@ from kubernetes import client
 from tests import reliability
 from tests.controlplane.plane import APISERVER, ControlPlane, ensure_binaries
 from tests.support import (
+    Canaries,
+    Cluster,
     NamespaceFactory,
     ServiceAccountKubeconfigFactory,
     api_client,
@@ -234,6 +236,33 @@ def make_namespace(
         return True
 
     eventually(gone, timeout=180, interval=0.2, message="test namespaces never went away")
+
+
+@pytest.fixture
+def canaries() -> Canaries:
+    """Secret values this test planted."""
+    return Canaries()
+
+
+@pytest.fixture
+def k8s(
+    core_v1: client.CoreV1Api,
+    custom_objects: client.CustomObjectsApi,
+    canaries: Canaries,
+    request: pytest.FixtureRequest,
+    make_namespace: NamespaceFactory,
+) -> Iterator[Cluster]:
+    """The test's view of the cluster; its grants are scanned for canaries and deleted after.
+
+    It depends on `make_namespace` so that the scan reads the statuses the test ended with,
+    before its namespaces go away and a controller rewrites them.
+    """
+    c = Cluster(core_v1, custom_objects, canaries, request.node.name)
+    yield c
+    try:
+        c.scan()
+    finally:
+        c.cleanup()
 
 
 @pytest.fixture

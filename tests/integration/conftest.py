@@ -20,7 +20,7 @@ from tests import support
 from tests.controlplane.plane import ControlPlane
 from tests.launcher import ControllerProcess, launch
 from tests.proxy import Relay, relay_to
-from tests.support import Canaries, Cluster, NamespaceFactory, eventually
+from tests.support import Canaries, Cluster, eventually
 
 
 @pytest.fixture(scope="session")
@@ -33,11 +33,6 @@ def projector_kubeconfig(
     """A kubeconfig for the ServiceAccount of deploy/rbac/, with exactly the shipped RBAC."""
     dest = tmp_path_factory.mktemp("projector") / "kubeconfig"
     return support.projector_kubeconfig(admin_client, control_plane, dest)
-
-
-@pytest.fixture
-def canaries() -> Canaries:
-    return Canaries()
 
 
 @pytest.fixture
@@ -106,24 +101,8 @@ def relayed(
 
 
 @pytest.fixture
-def k8s(
-    core_v1: client.CoreV1Api,
-    custom_objects: client.CustomObjectsApi,
-    canaries: Canaries,
-    request: pytest.FixtureRequest,
-    start_controller: Any,
-    make_namespace: NamespaceFactory,
-) -> Iterator[Cluster]:
-    """The test's view of the cluster; its grants are scanned for canaries and deleted after.
-
-    It depends on `start_controller` so that grants are deleted while the test's controllers
-    still run (fixtures tear down in reverse order), leaving fewer orphans to later tests; and
-    on `make_namespace` so that the scan reads the statuses the test ended with, before its
-    namespaces go away and the controller rewrites them.
-    """
-    c = Cluster(core_v1, custom_objects, canaries, request.node.name)
-    yield c
-    try:
-        c.scan()
-    finally:
-        c.cleanup()
+def k8s(start_controller: Any, k8s: Cluster) -> Cluster:
+    """The `k8s` of tests/conftest.py, set up after `start_controller` so that it tears down
+    first: the test's grants are deleted while its controllers still run, leaving fewer orphans
+    to later tests."""
+    return k8s

@@ -22,9 +22,15 @@ from tests.node.images import (
     import_archive,
     import_busybox_image,
 )
-from tests.node.node import HostSnapshot, Node, ensure_node_binaries, missing_prerequisites
+from tests.node.node import (
+    HostSnapshot,
+    Node,
+    ensure_node_binaries,
+    missing_prerequisites,
+    running_node,
+)
 from tests.node.release import Release
-from tests.support import Canaries, Cluster, NamespaceFactory, api_client
+from tests.support import api_client
 
 BEFORE = pytest.StashKey[HostSnapshot]()
 
@@ -51,11 +57,8 @@ def node(
     node = Node(root, control_plane, binaries, node_binaries, die_with_parent=True)
     node.claim()
     pytestconfig.stash[BEFORE] = HostSnapshot.take(root)
-    node.start()
-    try:
+    with running_node(node):
         yield node
-    finally:
-        node.stop()
 
 
 @pytest.fixture(scope="session")
@@ -74,29 +77,6 @@ def busybox(node: Node) -> str:
 def apps_v1(admin_client: client.ApiClient) -> client.AppsV1Api:
     """Admin AppsV1Api (Deployments)."""
     return client.AppsV1Api(admin_client)
-
-
-@pytest.fixture
-def canaries() -> Canaries:
-    """Secret values this test planted."""
-    return Canaries()
-
-
-@pytest.fixture
-def k8s(
-    core_v1: client.CoreV1Api,
-    custom_objects: client.CustomObjectsApi,
-    canaries: Canaries,
-    request: pytest.FixtureRequest,
-    make_namespace: NamespaceFactory,
-) -> Iterator[Cluster]:
-    """The test's view of the cluster; its grants are scanned for canaries and deleted after."""
-    c = Cluster(core_v1, custom_objects, canaries, request.node.name)
-    yield c
-    try:
-        c.scan()
-    finally:
-        c.cleanup()
 
 
 @pytest.fixture(scope="session")
