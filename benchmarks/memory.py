@@ -101,11 +101,14 @@ def _start(kubeconfig: Path, log: Path, path: Path, *extra: str) -> ControllerPr
     )
 
 
-async def _measure(kubeconfig: Path, log: Path, path: Path) -> dict[str, float]:
+async def _measure(kubeconfig: Path, log: Path, path: Path, grants: int) -> dict[str, float]:
     c = _start(kubeconfig, log, path)
     try:
         await wait_ready(c)
-        await settle(c, 900)
+        if grants:  # settled means a reconcile ran: with no grant, none does
+            await settle(c, 900)
+        else:
+            await asyncio.sleep(3.0)
         await asyncio.sleep(1.0)  # let the last responses' buffers go
         return {"rss": c.rss_mib(), "writes": c.writes()}
     finally:
@@ -129,7 +132,7 @@ async def run(
         for r in range(rounds):
             for v, path in versions.items():
                 log = work / f"{axis}-{n}-{grants_n}-{per}-{v}-{r}.log"
-                m = await _measure(kubeconfig, log, path)
+                m = await _measure(kubeconfig, log, path, grants_n)
                 rss[v].append(m["rss"])
                 writes += m["writes"]
         p = {
