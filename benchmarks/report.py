@@ -143,6 +143,15 @@ were dataclass hashing of `ObjectKey`, a dict rebuilt per call, and fnmatch for 
 hoisted invariants) are measured side by side in `hotpath-before-after` (each version in its
 own subprocess, alternating rounds).
 
+Memory before and after a change (`benchmarks/memory.py`, result `memory-before-after`): one
+control plane, a world grown in place one axis at a time (the empty cluster; 500 and 1,000
+namespaces; 500 and 1,000 one-copy grants; those grants widened to 5 and 10 copies, the last
+point being the `memory` world: 1,000 grants, 10,000 copies, 1,000 namespaces); at each point
+each version's `projector/` (`git archive`, run with `-P` from the runtime-only virtualenv)
+starts its own controller, settles (writes: 0) and has its VmRSS read, versions alternating.
+Slopes are least-squares lines over each axis's three points, of the medians; bytes per grant
+are the grants slope minus one copy.
+
 Rotation to pod (`benchmarks/pod_latency.py`, on the real node of tests/node, kubelet
 syncFrequency 100 ms): a source Secret written -> the new value read inside a running
 container; the floor there is a bare write of the very Secret a pod mounts (no controller
