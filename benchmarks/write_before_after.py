@@ -35,7 +35,7 @@ from benchmarks.harness import (
     settle,
     wait_ready,
 )
-from benchmarks.profile import start
+from benchmarks.profile import call_tree, start
 from projector.api import GRANTS, SECRETS
 from projector.kube import Kube
 from tests.launcher import REPO
@@ -103,6 +103,8 @@ async def main() -> None:
     p.add_argument("--kubeconfig", type=Path, default=REPO / ".local/kubeconfig")
     p.add_argument("--out", type=Path, default=REPO / ".local/write-before-after")
     p.add_argument("--results", type=Path, default=REPO / ".local/write-before-after")
+    p.add_argument("--name", default="write-before-after", help="of the result file")
+    p.add_argument("--tree", type=Path, help="a pyinstrument text profile to keep beside")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     kube = await Kube.connect(str(args.kubeconfig))
@@ -150,7 +152,8 @@ async def main() -> None:
         "flags": args.flag,
         "load_1min": loads,
     }
-    print(write_result("write-before-after", params, systems, ratios, out=args.results))
+    extra = {"profile": call_tree(args.tree.read_text())} if args.tree else None
+    print(write_result(args.name, params, systems, ratios, out=args.results, extra=extra))
 
 
 if __name__ == "__main__":

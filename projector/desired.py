@@ -7,9 +7,11 @@ already holds exactly this.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from projector.model import (
     GRANT_LABEL,
@@ -119,12 +121,26 @@ def _foreign(metadata: Mapping[str, str], grants: Iterable[str]) -> dict[str, st
     return {k: v for k, v in metadata.items() if not k.startswith(PREFIX) and k not in skip}
 
 
-def _grant_metadata(copy: Copy) -> dict[str, list[str]]:
+_NOTHING_RECORDED: Mapping[str, list[str]] = MappingProxyType({})
+
+
+def _grant_metadata(copy: Copy) -> Mapping[str, list[str]]:
+    """The label and annotation keys a grant recorded on the copy (read-only).
+
+    Read on every Update of a copy: most copies record none (no JSON to parse), and the copies
+    of one grant record the same string, parsed once (`_recorded`).
+    """
+    raw = copy.annotations.get(GRANT_METADATA_ANNOTATION)
+    return _NOTHING_RECORDED if raw is None else _recorded(raw)
+
+
+@functools.lru_cache(maxsize=256)
+def _recorded(raw: str) -> Mapping[str, list[str]]:
     try:
-        recorded = json.loads(copy.annotations.get(GRANT_METADATA_ANNOTATION, "{}"))
+        recorded = json.loads(raw)
     except ValueError:
-        return {}
-    return recorded if isinstance(recorded, dict) else {}
+        return _NOTHING_RECORDED
+    return MappingProxyType(recorded) if isinstance(recorded, dict) else _NOTHING_RECORDED
 
 
 def _select(grant: Grant, source: Source) -> tuple[dict[str, str], dict[str, str], bool] | str:
