@@ -155,6 +155,13 @@ Exact commands of this page: `make bench` (that is `python -m benchmarks full`, 
 benchmarks.before_after 08b2335`, `python -m benchmarks.profile` (cpu-per-write) and
 `python -m benchmarks.tracing` (tracing), the last two run on their own (their sections say
 at which commit).
+
+The write path's cuts (the `write-path-*` sections) are each measured with `python -m
+benchmarks.write_before_after BEFORE AFTER`: each version of `projector/` runs as its own
+controller process on one 1 -> N fan-out (`--qps=0`), blocks alternating between the versions
+(before, after, after, before, ...), so only the ratios inside one section mean much; its
+parameters give the machine's load average after each block. The call tree in the first is the
+profile the cuts started from (main, pyinstrument, 1 -> 1,000).
 """
 
 
