@@ -96,9 +96,9 @@ class Desired:
         """
         labels, annotations = dict(self.labels), dict(self.annotations)
         if keep is not None:
-            was = _grant_metadata(keep)
-            labels = _foreign(keep.labels, was.get("labels", ())) | labels
-            annotations = _foreign(keep.annotations, was.get("annotations", ())) | annotations
+            kept_labels, kept_annotations = kept_metadata(keep)
+            labels = kept_labels | labels
+            annotations = kept_annotations | annotations
         meta: dict[str, object] = {
             "name": self.name,
             "namespace": namespace,
@@ -113,6 +113,18 @@ class Desired:
         if with_data:
             out.update((k, dict(v)) for k, v in self.payload().items())
         return out
+
+
+def kept_metadata(keep: Copy) -> tuple[dict[str, str], dict[str, str]]:
+    """The labels and annotations of a stored copy that a PUT of it must carry over.
+
+    Those other tools wrote: neither projector's own nor ones a grant wrote before.
+    """
+    was = _grant_metadata(keep)
+    return (
+        _foreign(keep.labels, was.get("labels", ())),
+        _foreign(keep.annotations, was.get("annotations", ())),
+    )
 
 
 def _foreign(metadata: Mapping[str, str], grants: Iterable[str]) -> dict[str, str]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import random
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager, nullcontext
@@ -42,9 +43,10 @@ from tenacity import (
 )
 
 from projector.api import BY_KIND, EVENTS, GRANTS, Api, Obj, Resource
+from projector.desired import kept_metadata
 from projector.errors import ApiError, Conflict, Forbidden, NotFound, TooManyRequests
 from projector.metrics import Metrics
-from projector.model import Copy, parse_copy
+from projector.model import Copy, SourceKind, parse_copy
 from projector.reconcile import (
     Action,
     Desired,
@@ -220,10 +222,39 @@ class _Bodies:
     def body(
         self, namespace: str, resource_version: str | None = None, keep: Copy | None = None
     ) -> bytes:
-        head = orjson.dumps(
-            self.desired.manifest(namespace, resource_version, keep, with_data=False)
-        )
-        return head[:-1] + b"," + self.data + b"}"
+        """The request body of the copy in `namespace` (a PUT's, with `resource_version`).
+
+        A copy that carries nothing of other tools (the usual case) gets the metadata this
+        plan wants for every copy, serialized once: only its namespace and resourceVersion are
+        serialized per write. Otherwise `Desired.manifest` merges what the copy keeps.
+        """
+        if keep is not None:
+            kept_labels, kept_annotations = kept_metadata(keep)
+            if kept_labels or kept_annotations:
+                head = orjson.dumps(
+                    self.desired.manifest(namespace, resource_version, keep, with_data=False)
+                )
+                return head[:-1] + b"," + self.data + b"}"
+        version = b""
+        if resource_version:
+            version = b',"resourceVersion":' + orjson.dumps(resource_version)
+        return b"".join((self.head, orjson.dumps(namespace), version, self.tail, self.data, b"}"))
+
+    @functools.cached_property
+    def head(self) -> bytes:
+        """`{"apiVersion":..,"kind":..,("type":..,)"metadata":{"namespace":`, once per plan."""
+        d = self.desired
+        start: dict[str, object] = {"apiVersion": "v1", "kind": d.kind.value}
+        if d.kind is SourceKind.SECRET:
+            start["type"] = d.type
+        return orjson.dumps(start)[:-1] + b',"metadata":{"namespace":'
+
+    @functools.cached_property
+    def tail(self) -> bytes:
+        """`,"name":..,"labels":..,"annotations":..},` once per plan."""
+        d = self.desired
+        meta = {"name": d.name, "labels": dict(d.labels), "annotations": dict(d.annotations)}
+        return b"," + orjson.dumps(meta)[1:] + b","
 
 
 class Writer:

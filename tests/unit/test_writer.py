@@ -7,8 +7,10 @@ status the writer can meet, including those a test cannot make a real server pro
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
+import orjson
 import pytest
 
 from projector.api import EVENTS, GRANTS, SECRETS
@@ -23,11 +25,12 @@ from projector.errors import (
     TooManyRequests,
 )
 from projector.metrics import Metrics
-from projector.model import Copy
+from projector.model import Copy, ObjectKey, SourceKind, parse_copy
 from projector.reconcile import Action, Plan, Reason, plan
-from projector.writer import MAX_RETRY_AFTER, Writer, _Budget, retry_delay
+from projector.writer import MAX_RETRY_AFTER, Writer, _Bodies, _Budget, retry_delay
 from tests.unit.factories import (
     SRC_NAME,
+    SRC_NS,
     copy_from,
     desired_of,
     make_grant,
@@ -503,3 +506,46 @@ async def test_a_lone_write_raises_its_error_and_ends_cancelled_when_cancelled()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+@pytest.mark.parametrize("kind", ["Secret", "ConfigMap"])
+@pytest.mark.parametrize("grant_metadata", [False, True], ids=["plain-grant", "grant-metadata"])
+@pytest.mark.parametrize(
+    "edits",
+    [
+        {},
+        {"labels": {"team": "x"}},
+        {"annotations": {"note": "kept"}},
+    ],
+    ids=["ours-only", "foreign-label", "foreign-annotation"],
+)
+def test_a_copys_body_is_its_manifest_whatever_path_builds_it(
+    kind: str, grant_metadata: bool, edits: dict[str, Any]
+) -> None:
+    """The body serialized once per plan is byte for byte what the manifest path would send,
+    as JSON: for a create, and for a PUT of a stored copy with or without others' metadata."""
+    grant = (
+        make_grant(labels={"tier": "web"}, annotations={"a": "b"})
+        if grant_metadata
+        else make_grant()
+    )
+    source = make_source(data={"k": "dg=="})
+    if kind == "ConfigMap":
+        cm = SourceKind.CONFIG_MAP
+        grant = dataclasses.replace(grant, source=ObjectKey(SRC_NS, SRC_NAME, cm))
+        source = dataclasses.replace(
+            source, key=ObjectKey(SRC_NS, SRC_NAME, cm), type="", binary_data={"b": "AA=="}
+        )
+    desired = desired_of(grant, source)
+    bodies = _Bodies(desired)
+    assert orjson.loads(bodies.body("n1")) == desired.manifest("n1")
+    manifest = desired.manifest("n1")
+    meta: dict[str, Any] = dict(manifest["metadata"])  # type: ignore[call-overload]
+    meta["labels"] = {**meta["labels"], **edits.get("labels", {})}
+    meta["annotations"] = {**meta["annotations"], **edits.get("annotations", {})}
+    meta |= {"uid": "uid-copy", "resourceVersion": "7"}
+    stored = parse_copy({**manifest, "metadata": meta}, desired.kind)
+    got = orjson.loads(bodies.body("n1", "42", keep=stored))
+    assert got == desired.manifest("n1", "42", keep=stored)
+    kept = {**edits.get("labels", {}), **edits.get("annotations", {})}
+    assert all(k in got["metadata"]["labels"] or k in got["metadata"]["annotations"] for k in kept)
