@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import shutil
 import tempfile
@@ -96,33 +97,13 @@ async def run_e2e(
     try:
         if "fanout" in only:
             for n, blocks, per_block in size["fanout"]:
-                paths.append(
-                    await e2e.fanout(
-                        kube,
-                        kubeconfig,
-                        work,
-                        n,
-                        blocks,
-                        per_block,
-                        out=out,
-                        peer_blocks=size["peer_blocks"].get(n, 0),
-                        build_peers=size["build_peers"],
-                    )
+                fanout = functools.partial(
+                    e2e.fanout, kube, kubeconfig, work, n, blocks, per_block, out=out
                 )
+                peers = size["peer_blocks"].get(n, 0)
+                paths.append(await fanout(peer_blocks=peers, build_peers=size["build_peers"]))
                 if n >= 1_000:  # the default client-side rate limit, then without it
-                    paths.append(
-                        await e2e.fanout(
-                            kube,
-                            kubeconfig,
-                            work,
-                            n,
-                            blocks,
-                            per_block,
-                            ["--qps=0"],
-                            out=out,
-                            name=f"fanout-{n}-qps0",
-                        )
-                    )
+                    paths.append(await fanout(["--qps=0"], name=f"fanout-{n}-qps0"))
         if "latency" in only:
             blocks, per_block, rate = size["latency"]
             paths.append(

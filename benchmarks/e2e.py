@@ -29,7 +29,7 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,6 +125,22 @@ class Values:
         self.n += 1
         self.current = f"{self.run}-v{self.n}"
         return self.current
+
+
+async def paced(
+    obs: Observer, watch: Watcher, where: tuple[str, str], values: Values, n: int, rate: float
+) -> AsyncIterator[tuple[int, float, float]]:
+    """Once the copy in `where`'s second namespace is seen: n + 1 updates of the source in the
+    first, at `rate` per second; each `(i, written, copy seen)`, i == 0 the warm-up."""
+    src, dst = where
+    await watch.until(lambda: (dst, "hub") in watch.values, 120)
+    start = time.monotonic()
+    for i in range(n + 1):
+        value = values.next()
+        await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
+        t0 = await put_value(obs, src, "hub", "token", value)
+        t1 = await watch.reached([(dst, "hub")], value)
+        yield i, t0, t1
 
 
 @dataclass
@@ -342,13 +358,7 @@ async def latency(
                     controller(kubeconfig, work / f"controller-lat-{debounce}-{b}.log", *flags),
                     Watcher(obs, MANAGED, "token") as watch,
                 ):
-                    await watch.until(lambda: (dst, "hub") in watch.values, 120)
-                    start = time.monotonic()
-                    for i in range(per_block + 1):
-                        value = values.next()
-                        await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
-                        t0 = await put_value(obs, src, "hub", "token", value)
-                        t1 = await watch.reached([(dst, "hub")], value)
+                    async for i, t0, t1 in paced(obs, watch, (src, dst), values, per_block, rate):
                         series[debounce].add(i == 0, t1 - t0, None, 1)
             for fname, module in FLOORS.items():
                 async with FloorProcess(kubeconfig, work / "floor-lat.log", module) as fp:
@@ -453,13 +463,7 @@ async def _stages(
             controller(kubeconfig, log, "--debounce=0", env=env),
             Watcher(obs, MANAGED, "token") as watch,
         ):
-            await watch.until(lambda: (dst, "hub") in watch.values, 120)
-            start = time.monotonic()
-            for i in range(samples + 1):
-                value = values.next()
-                await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
-                t0 = await put_value(obs, src, "hub", "token", value)
-                t1 = await watch.reached([(dst, "hub")], value)
+            async for i, t0, t1 in paced(obs, watch, (src, dst), values, samples, rate):
                 if i:
                     marks.append((t0, t1))
     finally:  # the controller's exit flushed its spans; the collector's flushes its file

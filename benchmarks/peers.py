@@ -33,7 +33,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import yaml
 from kubernetes import client as k8s
@@ -171,27 +171,60 @@ def annotate(
     core.patch_namespaced_secret(name, namespace, {"metadata": {"annotations": dict(annotations)}})
 
 
-class Peer(Protocol):
-    """What a benchmark needs from a peer controller."""
+@dataclass(frozen=True)
+class Fanout:
+    """One fan-out asked of a peer: the source Secret, its targets, how they are chosen.
+
+    `labels` go on the source (both peers copy them onto the copies, so a label selector finds
+    the copies); `namespace_label` (key, value) selects the targets by label, as the projector
+    grant of the same benchmark does, else the targets are named.
+    """
+
+    source_ns: str
+    source_name: str
+    targets: Sequence[str]
+    labels: Mapping[str, str] | None
+    namespace_label: tuple[str, str] | None
+
+    def label_source(self, core: k8s.CoreV1Api, annotations: Mapping[str, str]) -> None:
+        """Merge-patch the source's annotations (a peer's opt-in marks) and `labels`."""
+        meta = {"annotations": dict(annotations), "labels": dict(self.labels or {})}
+        core.patch_namespaced_secret(self.source_name, self.source_ns, {"metadata": meta})
+
+
+@dataclass
+class Peer:
+    """What a benchmark needs from a peer controller, and what both peers share.
+
+    Each is a binary from build.sh, ready on a loopback ``/readyz``, whose copies keep the
+    source's name. A peer says how it starts (`start`, which sets `ready_port` and
+    `log_path`) and how a fan-out is asked of it (`_project`); `setup_fanout` then waits.
+    """
 
     name: str
     version: str
+    ready_port: int = 0
+    log_path: Path = Path(os.devnull)
+
+    BINARY: ClassVar[str]
+    TARGET: ClassVar[str]
 
     def ensure_built(self) -> Path:
         """Build the peer (a no-op when cached); PeerUnavailable with the exact error if not."""
-        ...
+        return build(self.TARGET) / self.BINARY
 
     def built(self) -> Path | None:
         """The binary if already built (never builds), else None."""
-        ...
+        return cached(self.name, self.version, self.BINARY)
 
     def start(self, kubeconfig: Path, log_path: Path) -> subprocess.Popen[bytes]:
         """Start the peer out of cluster with the given admin kubeconfig, logging to log_path."""
-        ...
+        raise NotImplementedError
 
     def wait_ready(self, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
         """Return once the started peer reports itself ready (its caches are synced)."""
-        ...
+        url = f"http://127.0.0.1:{self.ready_port}/readyz"
+        wait_http_ok(proc, url, self.log_path, timeout, self.name)
 
     def setup_fanout(
         self,
@@ -204,21 +237,25 @@ class Peer(Protocol):
         labels: Mapping[str, str] | None = None,
         namespace_label: tuple[str, str] | None = None,
     ) -> None:
-        """Project the existing Secret source_ns/source_name into targets; return once in place.
+        """Project the existing Secret source_ns/source_name into targets (see `Fanout`);
+        return once every copy is in place."""
+        fanout = Fanout(source_ns, source_name, targets, labels, namespace_label)
+        self._project(core, custom, fanout)
+        wait_copies(
+            core, source_ns, source_name, self.copy_name(source_name), targets, timeout, self.name
+        )
 
-        `labels` go on the source (both peers copy them onto the copies, so a label selector
-        finds the copies); `namespace_label` (key, value) selects the targets by label, as the
-        projector grant of the same benchmark does, else the targets are named.
-        """
-        ...
+    def _project(self, core: k8s.CoreV1Api, custom: k8s.CustomObjectsApi, fanout: Fanout) -> None:
+        """Ask the peer for the fan-out of `setup_fanout` (which then waits for the copies)."""
+        raise NotImplementedError
 
     def copy_name(self, source_name: str) -> str:
         """The name of the peer's copy of source_name in each target namespace."""
-        ...
+        return source_name
 
 
 @dataclass
-class Replicator:
+class Replicator(Peer):
     """kubernetes-replicator (github.com/mittwald/kubernetes-replicator) v2.12.4, commit f535dd9.
 
     Built from source (see versions.env and build.sh). Push fan-out: the source carries
@@ -236,25 +273,17 @@ class Replicator:
 
     name: str = "kubernetes-replicator"
     version: str = field(default_factory=lambda: read_versions(VERSIONS_FILE)["REPLICATOR_VERSION"])
-    status_port: int = 0
-    log_path: Path = Path(os.devnull)
 
     REPLICATE_TO_MATCHING: ClassVar[str] = "replicator.v1.mittwald.de/replicate-to-matching"
     BINARY: ClassVar[str] = "kubernetes-replicator"
     TARGET: ClassVar[str] = "replicator"
 
-    def ensure_built(self) -> Path:
-        return build(self.TARGET) / self.BINARY
-
-    def built(self) -> Path | None:
-        return cached(self.name, self.version, self.BINARY)
-
     def start(self, kubeconfig: Path, log_path: Path) -> subprocess.Popen[bytes]:
-        self.status_port, self.log_path = free_port(), log_path
+        self.ready_port, self.log_path = free_port(), log_path
         args = [
             str(self.ensure_built()),
             f"-kubeconfig={kubeconfig}",
-            f"-status-addr=127.0.0.1:{self.status_port}",
+            f"-status-addr=127.0.0.1:{self.ready_port}",
             "-replicate-configmaps=false",
             "-replicate-roles=false",
             "-replicate-role-bindings=false",
@@ -262,44 +291,21 @@ class Replicator:
         ]
         return spawn(args, log_path)
 
-    def wait_ready(self, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-        url = f"http://127.0.0.1:{self.status_port}/readyz"
-        wait_http_ok(proc, url, self.log_path, timeout, self.name)
-
-    def setup_fanout(
-        self,
-        core: k8s.CoreV1Api,
-        custom: k8s.CustomObjectsApi,
-        source_ns: str,
-        source_name: str,
-        targets: Sequence[str],
-        timeout: float = 600.0,
-        labels: Mapping[str, str] | None = None,
-        namespace_label: tuple[str, str] | None = None,
-    ) -> None:
+    def _project(self, core: k8s.CoreV1Api, custom: k8s.CustomObjectsApi, fanout: Fanout) -> None:
         """Annotate the source to replicate to the namespaces labelled `namespace_label`.
 
         Without a label, the targets are given as anchored regexps (``replicate-to``).
         """
-        if namespace_label:
-            ann = {self.REPLICATE_TO_MATCHING: f"{namespace_label[0]}={namespace_label[1]}"}
+        if label := fanout.namespace_label:
+            ann = {self.REPLICATE_TO_MATCHING: f"{label[0]}={label[1]}"}
         else:
-            ann = {"replicator.v1.mittwald.de/replicate-to": ",".join(f"^{t}$" for t in targets)}
-        core.patch_namespaced_secret(
-            source_name,
-            source_ns,
-            {"metadata": {"annotations": ann, "labels": dict(labels or {})}},
-        )
-        wait_copies(
-            core, source_ns, source_name, self.copy_name(source_name), targets, timeout, self.name
-        )
-
-    def copy_name(self, source_name: str) -> str:
-        return source_name
+            to = ",".join(f"^{t}$" for t in fanout.targets)
+            ann = {"replicator.v1.mittwald.de/replicate-to": to}
+        fanout.label_source(core, ann)
 
 
 @dataclass
-class Projection:
+class Projection(Peer):
     """projection (github.com/projection-operator/projection) main at bb25bf3 (after v0.3.1).
 
     Built from source (see versions.env and build.sh). A controller-runtime operator with two
@@ -318,8 +324,6 @@ class Projection:
 
     name: str = "projection"
     version: str = field(default_factory=lambda: read_versions(VERSIONS_FILE)["PROJECTION_VERSION"])
-    probe_port: int = 0
-    log_path: Path = Path(os.devnull)
 
     GROUP: ClassVar[str] = "projection.sh"
     API_VERSION: ClassVar[str] = "v1"
@@ -328,54 +332,29 @@ class Projection:
     BINARY: ClassVar[str] = "projection"
     TARGET: ClassVar[str] = "projection"
 
-    def ensure_built(self) -> Path:
-        return build(self.TARGET) / self.BINARY
-
     def built(self) -> Path | None:
-        binary = cached(self.name, self.version, self.BINARY)
+        binary = super().built()
         return binary if binary and any((binary.parent / "crds").glob("*.yaml")) else None
 
     def start(self, kubeconfig: Path, log_path: Path) -> subprocess.Popen[bytes]:
         binary = self.ensure_built()
         install_crds(kubeconfig, sorted((binary.parent / "crds").glob("*.yaml")))
-        self.probe_port, self.log_path = free_port(), log_path
+        self.ready_port, self.log_path = free_port(), log_path
         args = [
             str(binary),
             f"--kubeconfig={kubeconfig}",
             "--metrics-bind-address=0",
-            f"--health-probe-bind-address=127.0.0.1:{self.probe_port}",
+            f"--health-probe-bind-address=127.0.0.1:{self.ready_port}",
         ]
         return spawn(args, log_path)
 
-    def wait_ready(self, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-        url = f"http://127.0.0.1:{self.probe_port}/readyz"
-        wait_http_ok(proc, url, self.log_path, timeout, self.name)
-
-    def setup_fanout(
-        self,
-        core: k8s.CoreV1Api,
-        custom: k8s.CustomObjectsApi,
-        source_ns: str,
-        source_name: str,
-        targets: Sequence[str],
-        timeout: float = 600.0,
-        labels: Mapping[str, str] | None = None,
-        namespace_label: tuple[str, str] | None = None,
-    ) -> None:
-        core.patch_namespaced_secret(
-            source_name,
-            source_ns,
-            {
-                "metadata": {
-                    "annotations": {self.PROJECTABLE: "true"},
-                    "labels": dict(labels or {}),
-                }
-            },
-        )
+    def _project(self, core: k8s.CoreV1Api, custom: k8s.CustomObjectsApi, fanout: Fanout) -> None:
+        fanout.label_source(core, {self.PROJECTABLE: "true"})
+        source_ns, source_name = fanout.source_ns, fanout.source_name
         destination: dict[str, Any] = (
-            {"namespaceSelector": {"matchLabels": {namespace_label[0]: namespace_label[1]}}}
-            if namespace_label
-            else {"namespaces": list(targets)}
+            {"namespaceSelector": {"matchLabels": dict([label])}}
+            if (label := fanout.namespace_label)
+            else {"namespaces": list(fanout.targets)}
         )
         body: dict[str, Any] = {
             "apiVersion": f"{self.GROUP}/{self.API_VERSION}",
@@ -391,12 +370,6 @@ class Projection:
         except k8s.ApiException as exc:
             if exc.status != 409:  # already there: a rerun against the same cluster
                 raise
-        wait_copies(
-            core, source_ns, source_name, self.copy_name(source_name), targets, timeout, self.name
-        )
-
-    def copy_name(self, source_name: str) -> str:
-        return source_name
 
 
 def cached(name: str, version: str, binary: str) -> Path | None:
@@ -447,6 +420,7 @@ def all_peers() -> tuple[Peer, ...]:
 
 
 __all__ = [
+    "Fanout",
     "Peer",
     "PeerError",
     "PeerUnavailable",

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -163,79 +164,99 @@ async def point(
     }
 
 
-async def namespaces_axis(
-    kube: Kube,
-    obs: Observer,
-    kubeconfig: Path,
-    work: Path,
-    sizes: Sequence[int],
-    budget: float,
-    points: list[dict[str, Any]],
+@dataclass
+class Axis:
+    """One axis of a run: where it measures, its time budget, and its points so far."""
+
+    kube: Kube
+    obs: Observer
+    kubeconfig: Path
+    work: Path
+    name: str
+    budget: float
+    points: list[dict[str, Any]] = field(default_factory=list)
+
+    async def grow(self, sizes: Sequence[int], source: tuple[str, str], step: Step) -> None:
+        """Grow the world to each size in turn, a point at each, while the budget lasts.
+
+        `step(have, n)` adds what size n needs beyond size `have`, and says how many copies
+        the axis then has, the copies of `source` its fan-out reaches, and figures of its own.
+        """
+        started, have = time.monotonic(), 0
+        for n in sizes:
+            if not _affordable(started, self.budget, self.points, n):
+                break
+            t = time.monotonic()
+            expected, fanned, extra = await step(have, n)
+            have = n
+            p = await point(
+                self.kube,
+                self.obs,
+                self.kubeconfig,
+                self.work,
+                self.name,
+                n,
+                expected,
+                source,
+                fanned,
+            )
+            self.points.append(p | extra | _took(t))
+
+
+Grown = tuple[int, list[tuple[str, str]], dict[str, Any]]
+"""What a step of an axis grew to: its copies, the fanned-out copies, figures of its own."""
+Step = Callable[[int, int], Awaitable[Grown]]
+
+
+async def _grants(
+    kube: Kube, axis: str, gs: Iterable[int], targets: Callable[[int], list[str]]
 ) -> None:
+    """Grants scale-<a>-g of the axis (a: its first letter), each of source <a>-hub-(g % 10)
+    into `targets(g)` as copy-g."""
+    a = axis[0]
+    await gather_limited(
+        ensure(
+            kube,
+            GRANTS,
+            _labelled(
+                grant(
+                    f"scale-{a}-{g}",
+                    (f"scale-{a}-src", f"{a}-hub-{g % SOURCES}"),
+                    targets=targets(g),
+                    target_name=f"copy-{g}",
+                ),
+                axis,
+            ),
+        )
+        for g in gs
+    )
+
+
+async def namespaces_axis(axis: Axis, sizes: Sequence[int]) -> None:
+    kube = axis.kube
     await _sources(kube, "scale-ns-src", "ns-hub")
     g = grant("scale-ns", ("scale-ns-src", "ns-hub-0"), selector={"scale": "ns"})
     await ensure(kube, GRANTS, _labelled(g, "namespaces"))
-    started, have = time.monotonic(), 0
-    for n in sizes:
-        if not _affordable(started, budget, points, n):
-            break
-        step = time.monotonic()
+
+    async def step(have: int, n: int) -> Grown:
         await namespaces(kube, [f"scale-ns-{i}" for i in range(have, n)], {"scale": "ns"})
-        have = n
-        fanned = [(f"scale-ns-{i}", "ns-hub-0") for i in range(n)]
-        p = await point(
-            kube,
-            obs,
-            kubeconfig,
-            work,
-            "namespaces",
-            n,
-            n,
-            ("scale-ns-src", "ns-hub-0"),
-            fanned,
-        )
-        points.append(p | _took(step))
+        return n, [(f"scale-ns-{i}", "ns-hub-0") for i in range(n)], {}
+
+    await axis.grow(sizes, ("scale-ns-src", "ns-hub-0"), step)
 
 
-async def grants_axis(
-    kube: Kube,
-    obs: Observer,
-    kubeconfig: Path,
-    work: Path,
-    sizes: Sequence[int],
-    budget: float,
-    points: list[dict[str, Any]],
-) -> None:
+async def grants_axis(axis: Axis, sizes: Sequence[int]) -> None:
+    kube = axis.kube
     await _sources(kube, "scale-g-src", "g-hub")
     targets = [f"scale-g-{i}" for i in range(BASE_NAMESPACES)]
     await namespaces(kube, targets, {})
-    started, have = time.monotonic(), 0
-    for n in sizes:
-        if not _affordable(started, budget, points, n):
-            break
-        step = time.monotonic()
-        await gather_limited(
-            ensure(
-                kube,
-                GRANTS,
-                _labelled(
-                    grant(
-                        f"scale-g-{g}",
-                        ("scale-g-src", f"g-hub-{g % SOURCES}"),
-                        targets=[targets[g % BASE_NAMESPACES]],
-                        target_name=f"copy-{g}",
-                    ),
-                    "grants",
-                ),
-            )
-            for g in range(have, n)
-        )
-        have = n
+
+    async def step(have: int, n: int) -> Grown:
+        await _grants(kube, "grants", range(have, n), lambda g: [targets[g % BASE_NAMESPACES]])
         fanned = [(targets[g % BASE_NAMESPACES], f"copy-{g}") for g in range(0, n, SOURCES)]
-        p = await point(
-            kube, obs, kubeconfig, work, "grants", n, n, ("scale-g-src", "g-hub-0"), fanned
-        )
-        points.append(p | _took(step))
+        return n, fanned, {}
+
+    await axis.grow(sizes, ("scale-g-src", "g-hub-0"), step)
 
 
 def _spread(targets: list[str], g: int, per: int) -> list[str]:
@@ -243,41 +264,16 @@ def _spread(targets: list[str], g: int, per: int) -> list[str]:
     return [targets[(g * 7 + j) % len(targets)] for j in range(per)]
 
 
-async def copies_axis(
-    kube: Kube,
-    obs: Observer,
-    kubeconfig: Path,
-    work: Path,
-    sizes: Sequence[int],
-    budget: float,
-    points: list[dict[str, Any]],
-) -> None:
+async def copies_axis(axis: Axis, sizes: Sequence[int]) -> None:
+    kube = axis.kube
     await _sources(kube, "scale-c-src", "c-hub")
     targets = [f"scale-c-{i}" for i in range(BASE_NAMESPACES)]
     await namespaces(kube, targets, {})
-    started = time.monotonic()
-    for n in sizes:
-        if not _affordable(started, budget, points, n):
-            break
-        step = time.monotonic()
+
+    async def step(have: int, n: int) -> Grown:
         per = n // COPY_GRANTS
-        if not points:
-            await gather_limited(
-                ensure(
-                    kube,
-                    GRANTS,
-                    _labelled(
-                        grant(
-                            f"scale-c-{g}",
-                            ("scale-c-src", f"c-hub-{g % SOURCES}"),
-                            targets=_spread(targets, g, per),
-                            target_name=f"copy-{g}",
-                        ),
-                        "copies",
-                    ),
-                )
-                for g in range(COPY_GRANTS)
-            )
+        if not axis.points:
+            await _grants(kube, "copies", range(COPY_GRANTS), lambda g: _spread(targets, g, per))
         else:
             await gather_limited(
                 kube.patch(
@@ -292,42 +288,25 @@ async def copies_axis(
             for g in range(0, COPY_GRANTS, SOURCES)
             for ns in _spread(targets, g, per)
         ]
-        p = await point(
-            kube,
-            obs,
-            kubeconfig,
-            work,
-            "copies",
-            n,
-            per * COPY_GRANTS,
-            ("scale-c-src", "c-hub-0"),
-            fanned,
-        )
-        points.append(p | _took(step))
+        return per * COPY_GRANTS, fanned, {}
+
+    await axis.grow(sizes, ("scale-c-src", "c-hub-0"), step)
 
 
-async def unrelated_axis(
-    kube: Kube,
-    obs: Observer,
-    kubeconfig: Path,
-    work: Path,
-    sizes: Sequence[int],
-    budget: float,
-    points: list[dict[str, Any]],
-) -> None:
+async def unrelated_axis(axis: Axis, sizes: Sequence[int]) -> None:
     """Unlabelled Secrets created while one controller runs: its RSS and CPU must not move."""
+    kube = axis.kube
     await _sources(kube, "scale-u-src", "u-hub")
     targets = [f"scale-u-{i}" for i in range(100)]
     await namespaces(kube, [*targets, "scale-unrelated"], {})
     g = grant("scale-u", ("scale-u-src", "u-hub-0"), targets=targets)
     await ensure(kube, GRANTS, _labelled(g, "unrelated"))
     fanned = [(ns, "u-hub-0") for ns in targets]
-    started, have = time.monotonic(), 0
-    for n in sizes:
-        if not _affordable(started, budget, points, n):
-            break
-        step = time.monotonic()
-        async with controller(kubeconfig, work / f"scale-unrelated-{n}.log", "--qps=0") as c:
+
+    async def step(have: int, n: int) -> Grown:
+        async with controller(
+            axis.kubeconfig, axis.work / f"scale-unrelated-{n}.log", "--qps=0"
+        ) as c:
             await _until_copies(kube, f"{AXIS}=unrelated", len(targets), 600)
             await settle(c, 600)
             rss0, cpu0 = c.rss_mib(), await cpu_when_quiet(c.proc.pid)
@@ -344,10 +323,9 @@ async def unrelated_axis(
                 "rss_delta_mib_while_created": round(c.rss_mib() - rss0, 3),
                 "cpu_seconds_while_created": round(cpu1 - cpu0, 3),
             }
-        have = n
-        src = ("scale-u-src", "u-hub-0")
-        p = await point(kube, obs, kubeconfig, work, "unrelated", n, len(targets), src, fanned)
-        points.append(p | running | _took(step))
+        return len(targets), fanned, running
+
+    await axis.grow(sizes, ("scale-u-src", "u-hub-0"), step)
 
 
 async def rate_axis(
@@ -442,9 +420,10 @@ async def run(
             ("unrelated", unrelated_axis),
         ):
             t = time.monotonic()
-            axes[name] = []
+            axis = Axis(kube, obs, kubeconfig, work, name, budget)
+            axes[name] = axis.points
             try:  # a long run: an axis that fails keeps its points, the others still run
-                await fn(kube, obs, kubeconfig, work, size[name], budget, axes[name])
+                await fn(axis, size[name])
             except Exception as e:
                 errors[name] = f"{type(e).__name__}: {e}"[:500]
             took[name] = round(time.monotonic() - t, 1)

@@ -24,7 +24,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -183,11 +183,27 @@ async def fan_out_run(
     kube: Kube, kubeconfig: Path, work: Path, mode: str, rep: int, size: Mapping[str, int]
 ) -> dict[str, Any]:
     run = f"f{rep}m{MODES.index(mode)}"
-    with running(kubeconfig, work, mode, run) as c:
-        await wait_ready(c)
+
+    async def measure(c: ControllerProcess) -> dict[str, Any]:
         if mode in ("collector down", "black-holed"):
             await outage_noticed(kube, c, run)
-        result = await fan_out(kube, c, run, size["namespaces"], size["updates"])
+        return await fan_out(kube, c, run, size["namespaces"], size["updates"])
+
+    return await measured_run(kube, kubeconfig, work, mode, run, measure)
+
+
+async def measured_run(
+    kube: Kube,
+    kubeconfig: Path,
+    work: Path,
+    mode: str,
+    run: str,
+    measure: Callable[[ControllerProcess], Awaitable[dict[str, Any]]],
+) -> dict[str, Any]:
+    """`measure` a ready controller in `mode`, then time its exit; its grants go afterwards."""
+    with running(kubeconfig, work, mode, run) as c:
+        await wait_ready(c)
+        result = await measure(c)
         t0 = time.monotonic()
         result["exit_code"] = c.stop(timeout=60)
         result["exit_seconds"] = time.monotonic() - t0
@@ -217,14 +233,11 @@ async def memory_run(
     kube: Kube, kubeconfig: Path, work: Path, mode: str, size: Mapping[str, int]
 ) -> dict[str, Any]:
     run = f"r{MODES.index(mode)}"
-    with running(kubeconfig, work, mode, run) as c:
-        await wait_ready(c)
-        result = await many_reconciles(kube, c, run, size["grants"], size["rounds"])
-        t0 = time.monotonic()
-        result["exit_code"] = c.stop(timeout=60)
-        result["exit_seconds"] = time.monotonic() - t0
-    await delete_grants(kube)
-    return result
+
+    async def measure(c: ControllerProcess) -> dict[str, Any]:
+        return await many_reconciles(kube, c, run, size["grants"], size["rounds"])
+
+    return await measured_run(kube, kubeconfig, work, mode, run, measure)
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float:

@@ -27,6 +27,12 @@ def _quantile(q: str, metric: str) -> str:
     return f"histogram_quantile({q}, sum by (le) (rate({metric}_bucket{J}[{RI}])))"
 
 
+def _rate(metric: str, by: str = "") -> str:
+    """A counter's per-second rate over the selected jobs, summed (by the labels `by` names)."""
+    rate = f"rate({metric}{J}[{RI}])"
+    return f"sum by ({by}) ({rate})" if by else f"sum({rate})"
+
+
 @dataclass(frozen=True)
 class Query:
     """One PromQL expression and its legend."""
@@ -72,17 +78,17 @@ PANELS: tuple[Panel, ...] = (
     Panel(
         "Projections per second",
         "ops",
-        (Query(f"sum(rate({LATENCY}_count{J}[{RI}]))", "copies written/s"),),
+        (Query(_rate(f"{LATENCY}_count"), "copies written/s"),),
     ),
     Panel(
         "Writes by action and result",
         "ops",
         (
             Query(
-                f"sum by (action, result) (rate(projector_writes_total{J}[{RI}]))",
+                _rate("projector_writes_total", "action, result"),
                 "{{action}} {{result}}",
             ),
-            Query(f"sum(rate(projector_status_writes_total{J}[{RI}]))", "status"),
+            Query(_rate("projector_status_writes_total"), "status"),
         ),
     ),
     Panel(
@@ -125,7 +131,7 @@ PANELS: tuple[Panel, ...] = (
     Panel(
         "Queue adds, coalesced, retries",
         "ops",
-        (Query(f"sum by (event) (rate(projector_queue_events_total{J}[{RI}]))", "{{event}}"),),
+        (Query(_rate("projector_queue_events_total", "event"), "{{event}}"),),
     ),
     Panel(
         "Conflicts and denied namespaces",
@@ -169,7 +175,7 @@ PANELS: tuple[Panel, ...] = (
         "ops",
         (
             Query(
-                f"sum by (kind, type) (rate(projector_informer_events_total{J}[{RI}]))",
+                _rate("projector_informer_events_total", "kind, type"),
                 "{{kind}} {{type}}",
             ),
         ),
@@ -179,7 +185,7 @@ PANELS: tuple[Panel, ...] = (
         "reqps",
         (
             Query(
-                f"sum by (verb, code) (rate(projector_api_requests_total{J}[{RI}]))",
+                _rate("projector_api_requests_total", "verb, code"),
                 "{{verb}} {{code}}",
             ),
         ),
@@ -206,7 +212,7 @@ PANELS: tuple[Panel, ...] = (
     Panel(
         "Process CPU",
         "percentunit",
-        (Query(f"sum by (instance) (rate(process_cpu_seconds_total{J}[{RI}]))", "{{instance}}"),),
+        (Query(_rate("process_cpu_seconds_total", "instance"), "{{instance}}"),),
     ),
     Panel(
         "Process memory (RSS)",

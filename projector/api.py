@@ -7,9 +7,9 @@ integration tests use the real API server. Nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 Obj = dict[str, Any]
 """A raw Kubernetes object as decoded from JSON."""
@@ -40,6 +40,37 @@ GRANTS = Resource("projector.nebari.dev/v1alpha1", "projectiongrants", False, "P
 DEPLOYMENTS = Resource("apps/v1", "deployments", True, "Deployment")
 STATEFULSETS = Resource("apps/v1", "statefulsets", True, "StatefulSet")
 DAEMONSETS = Resource("apps/v1", "daemonsets", True, "DaemonSet")
+
+
+class Precondition(NamedTuple):
+    """What a DELETE must still find: the uid and resourceVersion decided about ("": any).
+
+    The API server checks it (`options`, the DeleteOptions sent); an in-memory double checks
+    the same rule with `holds`.
+    """
+
+    uid: str = ""
+    resource_version: str = ""
+
+    def options(self) -> Obj:
+        """The DeleteOptions body that has the API server check it (409 Conflict if not)."""
+        pre = {"uid": self.uid, "resourceVersion": self.resource_version}
+        return {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "preconditions": {k: v for k, v in pre.items() if v},
+        }
+
+    def holds(self, meta: Mapping[str, Any]) -> bool:
+        """Whether an object's metadata is still the one decided about."""
+        return all(
+            not want or want == meta.get(field)
+            for want, field in ((self.uid, "uid"), (self.resource_version, "resourceVersion"))
+        )
+
+
+ANY = Precondition()
+"""No precondition: whatever object has the name is deleted."""
 
 
 class Api(Protocol):
@@ -108,15 +139,9 @@ class Api(Protocol):
         ...
 
     async def delete(
-        self,
-        res: Resource,
-        name: str,
-        *,
-        namespace: str | None = None,
-        uid: str | None = None,
-        resource_version: str | None = None,
+        self, res: Resource, name: str, *, namespace: str | None = None, only_if: Precondition = ANY
     ) -> None:
-        """DELETE with uid and resourceVersion preconditions."""
+        """DELETE, only if the object is still the one `only_if` names (409 Conflict if not)."""
         ...
 
     async def patch_status(self, res: Resource, name: str, status: Obj) -> Obj:

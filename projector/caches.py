@@ -19,6 +19,7 @@ import structlog
 
 from projector.api import BY_KIND, GRANTS, NAMESPACES, Obj, Resource
 from projector.errors import InvalidGrant, ProjectorError
+from projector.grantspec import parse_grant_record
 from projector.model import (
     EXPORT_LABEL,
     EXPORT_VALUE,
@@ -29,7 +30,6 @@ from projector.model import (
     ObjectKey,
     SourceKind,
     parse_copy,
-    parse_grant_record,
     parse_namespace,
     parse_source,
 )

@@ -37,7 +37,7 @@ from kr8s._auth import KubeAuth
 from yarl import URL
 
 from projector import __version__, wire
-from projector.api import Obj, Resource, collect
+from projector.api import ANY, Obj, Precondition, Resource, collect
 from projector.connection import IDLE_RECYCLE, POOL, TokenBucket, tcp_socket
 from projector.errors import (
     AuthenticationFailed,
@@ -385,21 +385,10 @@ class Kube:
         )
 
     async def delete(
-        self,
-        res: Resource,
-        name: str,
-        *,
-        namespace: str | None = None,
-        uid: str | None = None,
-        resource_version: str | None = None,
+        self, res: Resource, name: str, *, namespace: str | None = None, only_if: Precondition = ANY
     ) -> None:
         """DELETE, only if the object is still the one we decided about (uid/rv preconditions)."""
-        pre: dict[str, str] = {}
-        if uid:
-            pre["uid"] = uid
-        if resource_version:
-            pre["resourceVersion"] = resource_version
-        body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": pre}
+        body = only_if.options()
         await self._request("DELETE", "DELETE", res, namespace=namespace, name=name, body=body)
 
     async def patch(

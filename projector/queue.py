@@ -47,14 +47,13 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Hashable
-from typing import Final, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
+
+from projector.delays import COMPACT_SLACK, Backoff, Windows
 
 __all__ = ["Clock", "QueueShutDown", "WorkQueue"]
 
 K = TypeVar("K", bound=Hashable)
-
-_MAX_BACKOFF_EXPONENT: Final = 64  # 2.0**64 * any sane base exceeds any sane cap; avoids overflow
-_COMPACT_SLACK: Final = 64
 
 
 class Clock(Protocol):
@@ -115,15 +114,9 @@ class WorkQueue(Generic[K]):
     ) -> None:
         if debounce < 0 or debounce_max < debounce:
             raise ValueError(f"need 0 <= debounce <= debounce_max: {debounce}, {debounce_max}")
-        if backoff_base < 0 or backoff_max < 0:
-            raise ValueError(f"backoffs must be >= 0: {backoff_base}, {backoff_max}")
         self._debounce = debounce
-        self._debounce_max = debounce_max
-        self._hot_max = debounce_max if debounce_hot_max is None else debounce_hot_max
-        if self._hot_max < debounce_max:
-            raise ValueError(f"need debounce_max <= debounce_hot_max: {debounce_hot_max}")
-        self._backoff_base = backoff_base
-        self._backoff_max = backoff_max
+        self._backoff: Backoff[K] = Backoff(backoff_base, backoff_max)
+        self._windows: Windows[K] = Windows(debounce, debounce_max, debounce_hot_max)
         self._clock = clock
         self._on_event = on_event
 
@@ -133,9 +126,6 @@ class WorkQueue(Generic[K]):
         self._pending: dict[K, _Pending] = {}  # waiting keys
         self._heap: list[tuple[float, int, K]] = []  # (deadline, seq, key), lazily deleted
         self._seq = itertools.count()
-        self._failures: dict[K, int] = {}
-        self._hot: dict[K, float] = {}  # hot keys' window (absent: debounce_max)
-        self._released: dict[K, float] = {}  # when each key's last debounce window ended
         self._shutting_down = False
 
         self._getters: deque[asyncio.Future[None]] = deque()
@@ -174,15 +164,7 @@ class WorkQueue(Generic[K]):
 
     def _open_window(self, key: K, pending: _Pending, now: float) -> None:
         """Size the debounce window `key` opens now: doubled if it is hot, normal if cold."""
-        window = self._hot.get(key, self._debounce_max)
-        last = self._released.pop(key, None)
-        if last is not None and now - last < window:  # added again soon after its last run
-            window = self._hot[key] = min(2 * window, self._hot_max)
-        else:
-            window = self._debounce_max
-            self._hot.pop(key, None)
-        pending.window = window
-        pending.trailing = self._debounce if window <= self._debounce_max else self._debounce_max
+        pending.window, pending.trailing = self._windows.open(key, now)
 
     def add_now(self, key: K) -> None:
         """Add ``key`` bypassing any debounce or delay, for changes that must not wait."""
@@ -242,28 +224,22 @@ class WorkQueue(Generic[K]):
         if self._shutting_down:
             self._emit("dropped", key)
             return 0.0
-        failures = self._failures.get(key, 0)
-        self._failures[key] = failures + 1
+        delay = self._backoff.fail(key, cap, floor)
         self._emit("retried", key)
-        delay = self.backoff(failures)
-        if cap is not None:
-            delay = min(delay, cap)
-        delay = max(delay, floor)
         self.add_after(key, delay)
         return delay
 
     def backoff(self, failures: int) -> float:
         """Return the rate-limited delay after ``failures`` earlier failures."""
-        exponent = min(failures, _MAX_BACKOFF_EXPONENT)
-        return min(self._backoff_base * 2.0**exponent, self._backoff_max)
+        return self._backoff.delay(failures)
 
     def forget(self, key: K) -> None:
         """Reset the failure count of ``key``, after it succeeded or was deleted."""
-        self._failures.pop(key, None)
+        self._backoff.forget(key)
 
     def num_requeues(self, key: K) -> int:
         """Return how many rate-limited retries ``key`` has had since it was last forgotten."""
-        return self._failures.get(key, 0)
+        return self._backoff.count(key)
 
     # -- consuming ------------------------------------------------------------------------------
 
@@ -340,7 +316,7 @@ class WorkQueue(Generic[K]):
 
     def failing(self) -> int:
         """Return the number of keys with failures not yet forgotten (backing off)."""
-        return len(self._failures)
+        return len(self._backoff)
 
     def waiting(self) -> int:
         """Return the number of keys waiting for a deadline (debounce, delay or backoff)."""
@@ -394,17 +370,10 @@ class WorkQueue(Generic[K]):
                 heapq.heappush(heap, (pending.deadline, seq, key))  # pushed back meanwhile
                 continue
             del pending_by_key[key]
-            if pending.adds > 1 and self._hot_max > self._debounce_max:  # a busy window
-                self._released[key] = deadline
-                if len(self._released) > 2 * len(self._hot) + _COMPACT_SLACK:
-                    self._forget_cold(deadline)
+            self._windows.closed(key, deadline, pending.adds)
             self._make_dirty(key)
             released += 1
         return released
-
-    def _forget_cold(self, now: float) -> None:
-        """Drop release times too old to make any key hot (deleted grants' keys, too)."""
-        self._released = {k: t for k, t in self._released.items() if now - t < self._hot_max}
 
     def _arm(self) -> None:
         """Keep one timer armed for the earliest heap entry (possibly stale: harmless)."""
@@ -468,7 +437,7 @@ class WorkQueue(Generic[K]):
 
     def _push(self, deadline: float, seq: int, key: K) -> None:
         heap = self._heap
-        if len(heap) > 2 * len(self._pending) + _COMPACT_SLACK:
+        if len(heap) > 2 * len(self._pending) + COMPACT_SLACK:
             # Stale entries (released or moved-earlier keys) outnumber live ones: rebuild, O(n)
             # but amortised O(1) as at least n pushes happened since the last rebuild.
             heap[:] = [(p.deadline, p.seq, k) for k, p in self._pending.items() if k != key]

@@ -42,7 +42,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from projector.api import BY_KIND, EVENTS, GRANTS, Api, Obj, Resource
+from projector.api import BY_KIND, EVENTS, GRANTS, Api, Obj, Precondition, Resource
 from projector.desired import kept_metadata
 from projector.errors import ApiError, Conflict, Forbidden, NotFound, TooManyRequests
 from projector.metrics import Metrics
@@ -442,8 +442,7 @@ class Writer:
                     BY_KIND[copy.key.kind],
                     copy.key.name,
                     namespace=copy.key.namespace,
-                    uid=copy.uid,
-                    resource_version=copy.resource_version,
+                    only_if=Precondition(copy.uid, copy.resource_version),
                 )
             )
         except NotFound:

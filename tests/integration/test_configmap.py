@@ -80,32 +80,37 @@ def test_drift_in_a_configmap_copy_is_corrected(
     eventually(lambda: k8s.config_data(a, "hub") == BOTH, message="deleted copy re-created")
 
 
-@pytest.mark.parametrize("policy", ["Delete", "Retain"])
-def test_a_deleted_configmap_grant_follows_on_revoke(
-    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess, policy: str
+@pytest.mark.parametrize(
+    ("deleted", "policy"),
+    [("grant", "Delete"), ("grant", "Retain"), ("source", "Retain"), ("source", "Delete")],
+)
+def test_a_deleted_configmap_grant_or_source_follows_its_policy(
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    controller: ControllerProcess,
+    deleted: str,
+    policy: str,
 ) -> None:
+    """A grant deleted follows its onRevoke, a source deleted its grant's onSourceDeleted (once
+    the grant is gone, or says SourceMissing): Delete removes the copy, Retain keeps it."""
     src, a = make_namespace(), make_namespace()
     k8s.config_source(src, "hub", DATA, export_to="*")
-    g = k8s.grant((src, "hub"), namespaces=[a], kind=CM, on_revoke=policy)
+    g = k8s.grant(
+        (src, "hub"),
+        namespaces=[a],
+        kind=CM,
+        on_revoke=policy if deleted == "grant" else None,
+        on_source_deleted=policy if deleted == "source" else None,
+    )
     eventually(lambda: k8s.config_data(a, "hub") == DATA)
-    k8s.delete_grant(g)
-    eventually(lambda: k8s.grant_gone(g))
-    if policy == "Delete":
-        eventually(lambda: k8s.config_copy(a, "hub") is None)
+    if deleted == "grant":
+        k8s.delete_grant(g)
+        eventually(lambda: k8s.grant_gone(g))
     else:
-        consistently(lambda: k8s.config_data(a, "hub") == DATA, duration=2.0)
-
-
-@pytest.mark.parametrize("policy", ["Retain", "Delete"])
-def test_a_deleted_source_configmap_follows_on_source_deleted(
-    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess, policy: str
-) -> None:
-    src, a = make_namespace(), make_namespace()
-    k8s.config_source(src, "hub", DATA, export_to="*")
-    g = k8s.grant((src, "hub"), namespaces=[a], kind=CM, on_source_deleted=policy)
-    eventually(lambda: k8s.config_data(a, "hub") == DATA)
-    k8s.core.delete_namespaced_config_map("hub", src)
-    eventually(lambda: (k8s.condition(g, "SourceAvailable") or {}).get("reason") == "SourceMissing")
+        k8s.core.delete_namespaced_config_map("hub", src)
+        eventually(
+            lambda: (k8s.condition(g, "SourceAvailable") or {}).get("reason") == "SourceMissing"
+        )
     if policy == "Delete":
         eventually(lambda: k8s.config_copy(a, "hub") is None)
     else:

@@ -13,7 +13,12 @@ import pytest
 from kubernetes import client
 
 from projector.errors import InvalidGrant
-from projector.model import OnRevoke, OnSourceDeleted, SourceKind, parse_grant
+from projector.grantspec import parse_grant
+from projector.model import (
+    OnRevoke,
+    OnSourceDeleted,
+    SourceKind,
+)
 from tests.support import eventually, unique_name
 
 GROUP, VERSION, PLURAL = "projector.nebari.dev", "v1alpha1", "projectiongrants"

@@ -78,6 +78,22 @@ def keys(inf: Informer[ObjectKey, dict[str, str]]) -> set[ObjectKey]:
     return set(inf.cache)
 
 
+def counted(
+    kube: Kube, label: str, **kw: Any
+) -> tuple[Informer[ObjectKey, dict[str, str]], Counter[str]]:
+    """An informer of `label`'s Secrets (see `informer`), and the count of its events by type."""
+    events: Counter[str] = Counter()
+    return informer(kube, label, on_event=lambda _k, t: events.update([t]), **kw), events
+
+
+async def arrives(
+    core: client.CoreV1Api, inf: Informer[ObjectKey, dict[str, str]], key: ObjectKey, label: str
+) -> None:
+    """Create the Secret `key`, labelled for `inf`, and wait until `inf`'s cache has it."""
+    secret(core, key.namespace, key.name, {label: "yes"}, "1")
+    await until(lambda: key in keys(inf))
+
+
 @contextlib.asynccontextmanager
 async def running(inf: Informer[ObjectKey, dict[str, str]]) -> AsyncIterator[None]:
     task = asyncio.create_task(inf.run())
@@ -120,16 +136,13 @@ async def test_resumes_after_server_timeout(
     kube: Kube, core_v1: client.CoreV1Api, namespace: str
 ) -> None:
     label = f"informer-410-{namespace}"
-    events: Counter[str] = Counter()
-    inf = informer(kube, label, timeout_seconds=1, on_event=lambda _k, t: events.update([t]))
+    inf, events = counted(kube, label, timeout_seconds=1)
     async with running(inf):
         await until(lambda: events["WATCH_RESTART"] >= 1)  # the server ended a watch; resumed
-        secret(core_v1, namespace, "a", {label: "yes"}, "1")
-        await until(lambda: ObjectKey(namespace, "a") in keys(inf))
+        await arrives(core_v1, inf, ObjectKey(namespace, "a"), label)
         restarts = events["WATCH_RESTART"]
         await until(lambda: events["WATCH_RESTART"] > restarts)
-        secret(core_v1, namespace, "b", {label: "yes"}, "1")
-        await until(lambda: ObjectKey(namespace, "b") in keys(inf))
+        await arrives(core_v1, inf, ObjectKey(namespace, "b"), label)
         assert inf.cache.healthy.is_set() and events["RELIST"] == 1  # resumed, never relisted
 
 
@@ -137,9 +150,7 @@ async def test_silent_watch_is_detected_and_restarted(
     kube: Kube, core_v1: client.CoreV1Api, namespace: str
 ) -> None:
     label = f"informer-stall-{namespace}"
-    events: Counter[str] = Counter()
-    inf = informer(kube, label, read_deadline=0.5, on_event=lambda _k, t: events.update([t]))
+    inf, events = counted(kube, label, read_deadline=0.5)
     async with running(inf):
         await until(lambda: events["ERROR"] >= 1)  # no byte for 0.5 s: treated as stalled
-        secret(core_v1, namespace, "late", {label: "yes"}, "1")
-        await until(lambda: ObjectKey(namespace, "late") in keys(inf))
+        await arrives(core_v1, inf, ObjectKey(namespace, "late"), label)

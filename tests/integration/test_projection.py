@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -118,42 +120,78 @@ def test_new_namespace_matching_selector_gets_a_copy(
     assert eventually(lambda: k8s.copy_data(late, "hub")) == DATA
 
 
+def _reason(k8s: Cluster, grant: str, reason: str) -> bool:
+    return (k8s.condition(grant, "SourceAvailable") or {}).get("reason") == reason
+
+
+@dataclass(frozen=True)
+class Unwanted:
+    """One way a copy stops being wanted, the policy that then decides, what the status says."""
+
+    act: Callable[[Cluster, client.CoreV1Api, str, str], object]
+    """(k8s, core, source namespace, target namespace): what the admin or producer does."""
+    settled: Callable[[Cluster, str], bool]
+    """The grant's status once the controller has seen it."""
+    policy: str = "on_revoke"
+    selector: bool = False
+    """The grant targets a labelled namespace by selector, not by name."""
+    denied: int | None = None
+    """The status's denied count afterwards, where the row says it."""
+
+
+UNWANTED = {
+    "namespace-relabelled-out": Unwanted(
+        lambda _k8s, core, _src, ns: core.patch_namespace(
+            ns, {"metadata": {"labels": {"consumer": None}}}
+        ),
+        lambda k8s, g: k8s.status(g)["targets"]["matched"] == 0,
+        selector=True,
+    ),
+    "export-label-removed": Unwanted(
+        lambda k8s, _core, src, _ns: k8s.patch_secret(
+            src, "hub", {"metadata": {"labels": {"projector.nebari.dev/export": None}}}
+        ),
+        lambda k8s, g: _reason(k8s, g, "NotExported"),
+        denied=1,
+    ),
+    "source-deleted": Unwanted(
+        lambda _k8s, core, src, _ns: core.delete_namespaced_secret("hub", src),
+        lambda k8s, g: _reason(k8s, g, "SourceMissing"),
+        policy="on_source_deleted",
+    ),
+}
+
+
 @pytest.mark.parametrize("policy", ["Delete", "Retain"])
-def test_namespace_relabelled_out_follows_on_revoke(
+@pytest.mark.parametrize("why", UNWANTED.values(), ids=UNWANTED.keys())
+def test_a_copy_no_longer_wanted_follows_its_policy(
     k8s: Cluster,
     make_namespace: NamespaceFactory,
     controller: ControllerProcess,
-    policy: str,
     core_v1: client.CoreV1Api,
+    why: Unwanted,
+    policy: str,
 ) -> None:
+    """Delete removes the copy; Retain keeps the last good one (DESIGN §3's revocation rows)."""
     src = make_namespace()
-    ns = make_namespace(labels={"consumer": src})
+    ns = make_namespace(labels={"consumer": src}) if why.selector else make_namespace()
     k8s.source(src, "hub", DATA, export_to="*")
-    g = k8s.grant((src, "hub"), selector={"matchLabels": {"consumer": src}}, on_revoke=policy)
+    g = k8s.grant(
+        (src, "hub"),
+        namespaces=None if why.selector else [ns],
+        selector={"matchLabels": {"consumer": src}} if why.selector else None,
+        on_revoke=policy if why.policy == "on_revoke" else None,
+        on_source_deleted=policy if why.policy == "on_source_deleted" else None,
+    )
     eventually(lambda: k8s.copy_data(ns, "hub") == DATA)
-    core_v1.patch_namespace(ns, {"metadata": {"labels": {"consumer": None}}})
-    eventually(lambda: k8s.status(g)["targets"]["matched"] == 0)
+    why.act(k8s, core_v1, src, ns)
+    eventually(lambda: why.settled(k8s, g))
     if policy == "Delete":
         eventually(lambda: k8s.copy(ns, "hub") is None)
     else:
-        assert k8s.copy_data(ns, "hub") == DATA
-
-
-@pytest.mark.parametrize("policy", ["Delete", "Retain"])
-def test_export_label_removed_follows_on_revoke(
-    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess, policy: str
-) -> None:
-    src, a = make_namespace(), make_namespace()
-    k8s.source(src, "hub", DATA, export_to="*")
-    g = k8s.grant((src, "hub"), namespaces=[a], on_revoke=policy)
-    eventually(lambda: k8s.copy_data(a, "hub") == DATA)
-    k8s.patch_secret(src, "hub", {"metadata": {"labels": {"projector.nebari.dev/export": None}}})
-    eventually(lambda: (k8s.condition(g, "SourceAvailable") or {}).get("reason") == "NotExported")
-    if policy == "Delete":
-        eventually(lambda: k8s.copy(a, "hub") is None)
-    else:
-        assert k8s.copy_data(a, "hub") == DATA
-    assert k8s.status(g)["targets"]["denied"] == 1
+        assert k8s.copy_data(ns, "hub") == DATA  # the last good copy is kept
+    if why.denied is not None:
+        assert k8s.status(g)["targets"]["denied"] == why.denied
 
 
 @pytest.mark.parametrize("policy", ["Delete", "Retain"])
@@ -173,26 +211,6 @@ def test_grant_deleted_follows_on_revoke(
     else:  # the deletion of THIS grant was reconciled, and left its copy as it was
         eventually(lambda: controller.reconciled(g) > before and controller.idle())
         assert kept is not None and k8s.version(a, "hub") == kept
-
-
-@pytest.mark.parametrize("policy", ["Retain", "Delete"])
-def test_source_deleted_follows_on_source_deleted(
-    k8s: Cluster,
-    make_namespace: NamespaceFactory,
-    controller: ControllerProcess,
-    policy: str,
-    core_v1: client.CoreV1Api,
-) -> None:
-    src, a = make_namespace(), make_namespace()
-    k8s.source(src, "hub", DATA, export_to="*")
-    g = k8s.grant((src, "hub"), namespaces=[a], on_source_deleted=policy)
-    eventually(lambda: k8s.copy_data(a, "hub") == DATA)
-    core_v1.delete_namespaced_secret("hub", src)
-    eventually(lambda: (k8s.condition(g, "SourceAvailable") or {}).get("reason") == "SourceMissing")
-    if policy == "Delete":
-        eventually(lambda: k8s.copy(a, "hub") is None)
-    else:
-        assert k8s.copy_data(a, "hub") == DATA  # the last good copy is kept
 
 
 def test_key_filter_and_rename(

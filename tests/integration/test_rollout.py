@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -41,6 +42,34 @@ def rollout_rbac(admin_client: client.ApiClient, projector_kubeconfig: Any) -> I
 @pytest.fixture
 def apps_v1(admin_client: client.ApiClient) -> client.AppsV1Api:
     return client.AppsV1Api(admin_client)
+
+
+@dataclass(frozen=True)
+class World:
+    """What each test here stands on: the cluster, its clients, and the controller launcher."""
+
+    k8s: Cluster
+    make_namespace: NamespaceFactory
+    core: client.CoreV1Api
+    apps: client.AppsV1Api
+    start: Callable[..., ControllerProcess]
+
+    def project(self) -> tuple[str, str, str]:
+        return project(self.k8s, self.make_namespace)
+
+    def opted_in(self) -> tuple[str, str]:
+        return opted_in(self.k8s, self.make_namespace, self.core, self.apps)
+
+
+@pytest.fixture
+def world(
+    start_controller: Any,
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    core_v1: client.CoreV1Api,
+    apps_v1: client.AppsV1Api,
+) -> World:
+    return World(k8s, make_namespace, core_v1, apps_v1, start_controller)
 
 
 def project(k8s: Cluster, make_namespace: NamespaceFactory) -> tuple[str, str, str]:
@@ -122,15 +151,12 @@ def settled(cp: ControllerProcess, ns: str, name: str) -> bool:
 
 def test_a_content_change_rolls_an_opted_in_deployment_once_and_touches_nothing_else(
     rollout_rbac: None,
-    start_controller: Any,
-    k8s: Cluster,
-    make_namespace: NamespaceFactory,
-    core_v1: client.CoreV1Api,
-    apps_v1: client.AppsV1Api,
+    world: World,
     admin_client: client.ApiClient,
 ) -> None:
-    cp = start_controller("--rollouts")
-    producer, ns, grant = project(k8s, make_namespace)
+    k8s, core_v1, apps_v1 = world.k8s, world.core, world.apps
+    cp = world.start("--rollouts")
+    producer, ns, grant = world.project()
     core_v1.create_namespaced_secret(  # a Secret of the namespace that projector does not own
         ns, client.V1Secret(metadata=client.V1ObjectMeta(name="theirs"), string_data={"k": "v"})
     )
@@ -173,28 +199,21 @@ def test_a_content_change_rolls_an_opted_in_deployment_once_and_touches_nothing_
     assert cp.metric("projector_rollouts_total", grant=grant, namespace=ns) == 1
 
 
-def test_restarts_and_a_leader_failover_roll_nothing(
-    rollout_rbac: None,
-    start_controller: Any,
-    k8s: Cluster,
-    make_namespace: NamespaceFactory,
-    core_v1: client.CoreV1Api,
-    apps_v1: client.AppsV1Api,
-) -> None:
-    first = start_controller("--rollouts")
-    producer, ns = opted_in(k8s, make_namespace, core_v1, apps_v1)
+def test_restarts_and_a_leader_failover_roll_nothing(rollout_rbac: None, world: World) -> None:
+    k8s, core_v1, apps_v1 = world.k8s, world.core, world.apps
+    first = world.start("--rollouts")
+    producer, ns = world.opted_in()
     h1 = rolled(k8s, core_v1, apps_v1, producer, ns)
     first.stop()
 
     for _ in range(2):  # two restarts: each decides again, and rolls nothing
-        cp = start_controller("--rollouts")
+        cp = world.start("--rollouts")
         eventually(lambda: settled(cp, ns, "web"))  # noqa: B023 (called before the loop goes on)
         assert revision(apps_v1, ns, "web") == 2
         cp.stop()
 
     a, b = (
-        start_controller("--rollouts", f"--id=r{i}", *LEASE_FLAGS, leader_elect=True)
-        for i in (1, 2)
+        world.start("--rollouts", f"--id=r{i}", *LEASE_FLAGS, leader_elect=True) for i in (1, 2)
     )
     leading = eventually(lambda: [p for p in (a, b) if p.metric("projector_leader") == 1])
     leader, standby = (a, b) if leading == [a] else (b, a)
@@ -209,15 +228,11 @@ def test_restarts_and_a_leader_failover_roll_nothing(
 
 
 def test_a_rollout_waits_for_the_last_one_to_finish_then_rolls_the_newest_once(
-    rollout_rbac: None,
-    start_controller: Any,
-    k8s: Cluster,
-    make_namespace: NamespaceFactory,
-    core_v1: client.CoreV1Api,
-    apps_v1: client.AppsV1Api,
+    rollout_rbac: None, world: World
 ) -> None:
-    cp = start_controller("--rollouts")
-    producer, ns = opted_in(k8s, make_namespace, core_v1, apps_v1)
+    k8s, core_v1, apps_v1 = world.k8s, world.core, world.apps
+    cp = world.start("--rollouts")
+    producer, ns = world.opted_in()
     h1 = rolled(k8s, core_v1, apps_v1, producer, ns)
 
     # one replica that can never become available (no node): its rollout keeps progressing
@@ -242,16 +257,13 @@ def test_a_rollout_waits_for_the_last_one_to_finish_then_rolls_the_newest_once(
 
 def test_a_burst_of_100_source_updates_in_10_s_rolls_a_few_times(
     rollout_rbac: None,
-    start_controller: Any,
-    k8s: Cluster,
-    make_namespace: NamespaceFactory,
-    core_v1: client.CoreV1Api,
-    apps_v1: client.AppsV1Api,
+    world: World,
     record_property: Any,
 ) -> None:
+    k8s, core_v1, apps_v1 = world.k8s, world.core, world.apps
     # the chart's debounce (the tests' default is shorter)
-    cp = start_controller("--rollouts", "--debounce=0.05", "--debounce-max=0.5")
-    producer, ns = opted_in(k8s, make_namespace, core_v1, apps_v1)
+    cp = world.start("--rollouts", "--debounce=0.05", "--debounce-max=0.5")
+    producer, ns = world.opted_in()
     start = time.monotonic()
     for i in range(100):
         k8s.patch_secret(producer, "db", {"data": {"password": f"CANARY-burst-{i}"}})
@@ -268,15 +280,10 @@ def test_a_burst_of_100_source_updates_in_10_s_rolls_a_few_times(
     assert 1 <= rollouts <= 5  # measured 1, 3, 4, 1 (zero replicas: only the window collapses)
 
 
-def test_without_the_flag_no_workload_is_listed_watched_or_touched(
-    start_controller: Any,
-    k8s: Cluster,
-    make_namespace: NamespaceFactory,
-    core_v1: client.CoreV1Api,
-    apps_v1: client.AppsV1Api,
-) -> None:
-    cp = start_controller()  # the default: --rollouts off, and the shipped RBAC has no apps rule
-    producer, ns, _ = project(k8s, make_namespace)
+def test_without_the_flag_no_workload_is_listed_watched_or_touched(world: World) -> None:
+    k8s, core_v1, apps_v1 = world.k8s, world.core, world.apps
+    cp = world.start()  # the default: --rollouts off, and the shipped RBAC has no apps rule
+    producer, ns, _ = world.project()
     created = apps_v1.create_namespaced_deployment(ns, consumer("web", IMAGE, rollout_on="db"))
     rotate(k8s, core_v1, producer, ns, "CANARY-rollout-1")
     eventually(cp.idle)

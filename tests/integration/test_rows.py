@@ -27,6 +27,15 @@ from tests.support import (
 DATA = {"token": "ROWS-canary-1"}
 
 
+def revoked_by(k8s: Cluster, policy: str, ns: str, *, kept: str) -> None:
+    """The copy in `ns` went (Delete) or stayed as it was (Retain); the one in `kept` stayed."""
+    if policy == "Delete":
+        eventually(lambda: k8s.copy(ns, "hub") is None)
+    else:
+        assert k8s.copy_data(ns, "hub") == DATA
+    assert k8s.copy_data(kept, "hub") == DATA
+
+
 def denied(k8s: Cluster, grant: str) -> int:
     return int(k8s.status(grant)["targets"]["denied"])
 
@@ -44,11 +53,7 @@ def test_narrowing_export_to_follows_on_revoke(
         src, "hub", {"metadata": {"annotations": {"projector.nebari.dev/export-to": a}}}
     )
     eventually(lambda: denied(k8s, g) == 1)
-    if policy == "Delete":
-        eventually(lambda: k8s.copy(b, "hub") is None)
-    else:
-        assert k8s.copy_data(b, "hub") == DATA
-    assert k8s.copy_data(a, "hub") == DATA
+    revoked_by(k8s, policy, b, kept=a)
 
 
 @pytest.mark.parametrize("policy", ["Delete", "Retain"])
@@ -62,11 +67,7 @@ def test_a_namespace_removed_from_the_grant_follows_on_revoke(
     eventually(lambda: k8s.status(g)["targets"]["matched"] == 2)  # the status follows the copies
     k8s.patch_grant(g, {"spec": {"target": {"namespaces": [a]}}})
     eventually(lambda: k8s.status(g)["targets"]["matched"] == 1)
-    if policy == "Delete":
-        eventually(lambda: k8s.copy(b, "hub") is None)
-    else:
-        assert k8s.copy_data(b, "hub") == DATA
-    assert k8s.copy_data(a, "hub") == DATA
+    revoked_by(k8s, policy, b, kept=a)
 
 
 def test_the_source_namespace_with_the_source_name_is_refused_and_the_source_untouched(

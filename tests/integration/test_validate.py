@@ -23,7 +23,7 @@ import yaml
 from kubernetes import client
 
 from projector.errors import InvalidGrant
-from projector.model import parse_grant
+from projector.grantspec import parse_grant
 from tests.launcher import REPO, validate
 from tests.support import unique_name
 

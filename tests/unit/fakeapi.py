@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from projector.api import Obj, Resource, collect
+from projector.api import ANY, Obj, Precondition, Resource, collect
 from projector.errors import ApiError, Conflict, NotFound
 
 Key = tuple[str, str, str]
@@ -61,16 +61,19 @@ class FakeApi:
             raise NotFound(404, "NotFound", f'{res.plural} "{name}" not found')
         return obj
 
+    # Each call takes the keywords of `Api`'s that it uses; the rest (timeouts, the shape of
+    # the answer) mean nothing in memory and are taken as `**_`.
+
     async def pages(
         self,
         res: Resource,
         *,
         namespace: str | None = None,
         label_selector: str | None = None,
-        metadata_only: bool = False,
         limit: int = 500,
+        **_: object,
     ) -> AsyncGenerator[tuple[list[Obj], str], None]:
-        """One LIST call per page of `limit`.
+        """One LIST call per page of `limit` (whole objects, even when metadata alone is asked).
 
         An error scripted for a later call fails the list midway (`Gone`: the continue token
         expired).
@@ -93,15 +96,7 @@ class FakeApi:
         """Every page at once (for assertions)."""
         return await collect(self.pages(res, **kw))
 
-    async def watch(
-        self,
-        res: Resource,
-        *,
-        resource_version: str,
-        label_selector: str | None = None,
-        timeout_seconds: int = 300,
-        read_deadline: float = 60.0,
-    ) -> AsyncGenerator[tuple[str, Obj], None]:
+    async def watch(self, res: Resource, **_: object) -> AsyncGenerator[tuple[str, Obj], None]:
         self._call("WATCH", res)
         yield "OPEN", {}
         await asyncio.Event().wait()  # a quiet watch
@@ -113,17 +108,17 @@ class FakeApi:
         obj = copy.deepcopy(self._get(res, namespace, name))
         return {"metadata": obj["metadata"]} if metadata_only else obj
 
-    async def create(
-        self,
-        res: Resource,
-        body: Obj | bytes,
-        *,
-        namespace: str | None = None,
-        metadata_only: bool = False,
-    ) -> Obj:
+    def _write(self, verb: str, res: Resource, body: Obj | bytes) -> tuple[Obj, str]:
+        """The body decoded, and its name, once the call is counted (and maybe failed)."""
         body = orjson.loads(body) if isinstance(body, bytes) else body
-        name = body["metadata"]["name"]
-        self._call("CREATE", res, name)
+        name = str(body["metadata"]["name"])
+        self._call(verb, res, name)
+        return body, name
+
+    async def create(
+        self, res: Resource, body: Obj | bytes, *, namespace: str | None = None, **_: object
+    ) -> Obj:
+        body, name = self._write("CREATE", res, body)
         if (res.plural, namespace or "", name) in self.objects:
             raise Conflict(409, "AlreadyExists", f'{res.plural} "{name}" already exists')
         obj = copy.deepcopy(body)
@@ -131,17 +126,9 @@ class FakeApi:
         return copy.deepcopy(self.add(res, obj))
 
     async def replace(
-        self,
-        res: Resource,
-        body: Obj | bytes,
-        *,
-        namespace: str | None = None,
-        name: str | None = None,
-        metadata_only: bool = False,
+        self, res: Resource, body: Obj | bytes, *, namespace: str | None = None, **_: object
     ) -> Obj:
-        body = orjson.loads(body) if isinstance(body, bytes) else body
-        name = body["metadata"]["name"]
-        self._call("UPDATE", res, name)
+        body, name = self._write("UPDATE", res, body)
         old = self._get(res, namespace, name)
         if body["metadata"].get("resourceVersion") != old["metadata"]["resourceVersion"]:
             raise Conflict(409, "Conflict", "the object has been modified")
@@ -152,19 +139,10 @@ class FakeApi:
         return copy.deepcopy(obj)
 
     async def delete(
-        self,
-        res: Resource,
-        name: str,
-        *,
-        namespace: str | None = None,
-        uid: str | None = None,
-        resource_version: str | None = None,
+        self, res: Resource, name: str, *, namespace: str | None = None, only_if: Precondition = ANY
     ) -> None:
         self._call("DELETE", res, name)
-        meta = self._get(res, namespace, name)["metadata"]
-        if (uid and uid != meta["uid"]) or (
-            resource_version and resource_version != meta["resourceVersion"]
-        ):
+        if not only_if.holds(self._get(res, namespace, name)["metadata"]):
             raise Conflict(409, "Conflict", "precondition failed")
         del self.objects[res.plural, namespace or "", name]
 
@@ -175,8 +153,7 @@ class FakeApi:
         return copy.deepcopy(obj)
 
     async def apply(self, res: Resource, body: Obj, *, namespace: str, field_manager: str) -> Obj:
-        name = str(body["metadata"]["name"])
-        self._call("APPLY", res, name)
+        body, name = self._write("APPLY", res, body)
         obj = self._get(res, namespace, name)
         _merge(obj, copy.deepcopy(body))
         obj["metadata"]["resourceVersion"] = str(next(self._rv))

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from projector.errors import InvalidGrant
+from projector.grantspec import parse_grant
 from projector.model import (
     FIELD_MANAGER,
     GRANT_UID_ANNOTATION,
@@ -26,7 +27,6 @@ from projector.model import (
     SourceKind,
     content_hash,
     parse_copy,
-    parse_grant,
     parse_source,
 )
 from projector.reconcile import Action, Reason, desired_copy, plan

@@ -21,7 +21,11 @@ from typing import Any
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from projector.model import is_exported, parse_grant, parse_source
+from projector.grantspec import parse_grant
+from projector.model import (
+    is_exported,
+    parse_source,
+)
 from projector.reconcile import Consent, consent
 
 EXPORT_LABEL = "projector.nebari.dev/export"

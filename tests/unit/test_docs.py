@@ -37,6 +37,16 @@ def test_the_metrics_reference_has_each_row_of_the_table_and_the_table_is_the_re
     assert families == {m.family for m in METRICS}
 
 
+def test_the_metrics_reference_names_every_metric_that_carries_a_grant_or_a_namespace() -> None:
+    """The page's cardinality note lists exactly the metrics with a `grant` or `namespace` label."""
+    head = (DOCS / "metrics.md").read_text().split("| metric |", 1)[0]
+    for label in ("grant", "namespace"):
+        sentence = re.search(rf"A {label}[^:]* is a label only of ([^:]*?)(?::|, for)", head)
+        assert sentence, label
+        named = set(re.findall(r"`(projector_[a-z_]+)`", sentence.group(1)))
+        assert named == {m.name for m in METRICS if label in m.labels}, label
+
+
 def test_the_chart_ships_the_generated_rules_and_dashboard_and_one_runbook() -> None:
     """No hand-written copies: the chart's PrometheusRule and dashboard read the files that
     observability/ generates (tests/unit/test_generated.py keeps them current), and alerts are

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -27,10 +29,44 @@ class Clock:
         return self.t
 
 
-def elector(api: FakeApi, identity: str, clock: Clock, timings: Timings = T) -> Elector:
+def elector(
+    api: FakeApi, identity: str, clock: Callable[[], float] = time.monotonic, timings: Timings = T
+) -> Elector:
     return Elector(
         api, namespace=NS, identity=identity, metrics=Metrics(), timings=timings, clock=clock
     )
+
+
+def fail_gets(api: FakeApi, failing: Callable[[], bool]) -> None:
+    """The api's GETs fail as a lost connection does whenever `failing()` says so."""
+    original = api.get
+
+    async def get(*args: Any, **kw: Any) -> Any:
+        if failing():
+            raise ServerError(0, "ClientConnectorError")
+        return await original(*args, **kw)
+
+    api.get = get  # type: ignore[method-assign]
+
+
+async def a_leads_b_waits() -> tuple[FakeApi, Clock, Elector, Elector]:
+    """Two candidates on one Lease and one clock: a has just taken it, b not tried yet."""
+    api, clock = FakeApi(), Clock()
+    a, b = elector(api, "a", clock), elector(api, "b", clock)
+    assert await a._attempt()
+    return api, clock, a, b
+
+
+@contextlib.asynccontextmanager
+async def campaigning(elector: Elector) -> AsyncIterator[asyncio.Task[None]]:
+    """`elector.run()` as a task for the block, cancelled after it."""
+    task = asyncio.create_task(elector.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def lease(api: FakeApi) -> dict[str, Any]:
@@ -50,9 +86,7 @@ async def test_the_first_candidate_creates_the_lease_and_may_write() -> None:
 
 
 async def test_a_held_lease_is_taken_only_after_it_went_unrenewed_locally() -> None:
-    api, clock = FakeApi(), Clock()
-    a, b = elector(api, "a", clock), elector(api, "b", clock)
-    assert await a._attempt()
+    api, clock, _a, b = await a_leads_b_waits()
     assert not await b._attempt()  # held, and b has just seen it change
     clock.t += T.lease_duration - 0.1
     assert not await b._attempt()
@@ -63,9 +97,7 @@ async def test_a_held_lease_is_taken_only_after_it_went_unrenewed_locally() -> N
 
 
 async def test_a_renewal_seen_restarts_the_standby_s_count() -> None:
-    api, clock = FakeApi(), Clock()
-    a, b = elector(api, "a", clock), elector(api, "b", clock)
-    assert await a._attempt()
+    _api, clock, a, b = await a_leads_b_waits()
     assert not await b._attempt()
     clock.t += 10
     assert await a._attempt()  # renewed: the Lease changed
@@ -76,9 +108,7 @@ async def test_a_renewal_seen_restarts_the_standby_s_count() -> None:
 
 
 async def test_a_released_lease_is_taken_at_once() -> None:
-    api, clock = FakeApi(), Clock()
-    a, b = elector(api, "a", clock), elector(api, "b", clock)
-    assert await a._attempt()
+    api, _clock, a, b = await a_leads_b_waits()
     a.leading.set()
     assert not await b._attempt()
     await a.release()
@@ -103,9 +133,7 @@ async def test_the_fence_closes_at_the_renew_deadline_from_the_last_renewal_sent
 
 
 async def test_a_takeover_loses_to_a_renewal_that_lands_between_its_read_and_write() -> None:
-    api, clock = FakeApi(), Clock()
-    a, b = elector(api, "a", clock), elector(api, "b", clock)
-    assert await a._attempt()
+    api, clock, a, b = await a_leads_b_waits()
     assert not await b._attempt()
     clock.t += T.lease_duration + 1  # b now judges the lease expired
     original = api.replace
@@ -127,18 +155,10 @@ async def test_a_leader_that_cannot_renew_stops_leading_at_its_deadline_and_lead
     once the server answers, leads a second term (it still holds the Lease: no wait)."""
     api = FakeApi()
     timings = Timings(lease_duration=0.3, renew_deadline=0.2, retry_period=0.01)
-    real = Elector(api, namespace=NS, identity="a", metrics=Metrics(), timings=timings)
-    original = api.get
+    real = elector(api, "a", timings=timings)
     down = asyncio.Event()
-
-    async def flaky(*args: Any, **kw: Any) -> Any:
-        if down.is_set():
-            raise ServerError(0, "ClientConnectorError")
-        return await original(*args, **kw)
-
-    api.get = flaky  # type: ignore[method-assign]
-    task = asyncio.create_task(real.run())
-    try:
+    fail_gets(api, down.is_set)
+    async with campaigning(real) as task:
         await asyncio.wait_for(real.leading.wait(), 5)
         down.set()
         await asyncio.wait_for(real.following.wait(), 5)
@@ -150,18 +170,13 @@ async def test_a_leader_that_cannot_renew_stops_leading_at_its_deadline_and_lead
         await asyncio.wait_for(real.leading.wait(), 5)
         assert real.terms == 2
         real.valid_for()
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_a_leader_that_sees_another_holder_stops_at_once() -> None:
     api, clock = FakeApi(), Clock()
     timings = Timings(lease_duration=15, renew_deadline=10, retry_period=0.01)
     a = elector(api, "a", clock, timings)
-    task = asyncio.create_task(a.run())
-    try:
+    async with campaigning(a):
         await asyncio.wait_for(a.leading.wait(), 5)
         spec = dict(lease(api), holderIdentity="b")  # an admin handed it over, say
         obj = api.get_object(LEASES, NS, LEASE_NAME)
@@ -170,35 +185,24 @@ async def test_a_leader_that_sees_another_holder_stops_at_once() -> None:
         await asyncio.wait_for(a.following.wait(), 5)  # long before its renew deadline
         with pytest.raises(Fenced):
             a.valid_for()
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_a_nudge_ends_the_wait_of_a_campaign_the_outage_held_back() -> None:
     api = FakeApi()
     timings = Timings(lease_duration=300, renew_deadline=200, retry_period=100)
-    a = Elector(api, namespace=NS, identity="a", metrics=Metrics(), timings=timings)
-    original = api.get
+    a = elector(api, "a", timings=timings)
     failed = asyncio.Event()
 
-    async def down_once(*args: Any, **kw: Any) -> Any:
-        if not failed.is_set():
-            failed.set()
-            raise ServerError(0, "ClientConnectorError")
-        return await original(*args, **kw)
+    def once() -> bool:
+        first = not failed.is_set()
+        failed.set()
+        return first
 
-    api.get = down_once  # type: ignore[method-assign]
-    task = asyncio.create_task(a.run())
-    try:
+    fail_gets(api, once)
+    async with campaigning(a):
         await asyncio.wait_for(failed.wait(), 5)  # the next attempt is 100 s away
         for _ in range(10):  # let tenacity record the failure and start its wait
             await asyncio.sleep(0)
         assert not a.leading.is_set()
         a.nudge()  # an informer heard from the server
         await asyncio.wait_for(a.leading.wait(), 5)
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

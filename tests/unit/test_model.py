@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from projector.errors import InvalidGrant
+from projector.grantspec import parse_grant, parse_grant_record
 from projector.model import (
     EXPORT_TO_ANNOTATION,
     FIELD_MANAGER,
@@ -27,8 +28,6 @@ from projector.model import (
     own_metadata,
     parse_copy,
     parse_export_to,
-    parse_grant,
-    parse_grant_record,
     parse_namespace,
     parse_source,
 )

@@ -45,6 +45,14 @@ def advance(queue: WorkQueue[str], clock: FakeClock, seconds: float) -> None:
     queue.poll()
 
 
+async def due_at(queue: WorkQueue[str], clock: FakeClock, deadline: float) -> None:
+    """Key "a" is not ready a second before `deadline` (fake-clock seconds), and is at it."""
+    advance(queue, clock, deadline - 1 - clock.t)
+    assert len(queue) == 0
+    advance(queue, clock, 1)
+    assert await get_all(queue) == ["a"]
+
+
 async def get_all(queue: WorkQueue[str]) -> list[str]:
     """Take every ready key (marking each done), in order."""
     keys: list[str] = []
@@ -288,10 +296,7 @@ async def test_debounce_window_trails_the_last_add() -> None:
     queue.add("a")  # t=0: due at 10
     advance(queue, clock, 8)
     queue.add("a")  # t=8: pushed back to 18
-    advance(queue, clock, 9)  # t=17
-    assert len(queue) == 0
-    advance(queue, clock, 1)  # t=18
-    assert await get_all(queue) == ["a"]
+    await due_at(queue, clock, 18)
 
 
 async def test_debounce_is_capped_by_debounce_max_then_restarts() -> None:
@@ -362,10 +367,7 @@ async def test_debounce_never_pushes_past_an_add_after() -> None:
     queue, clock, _ = make(debounce=10, debounce_max=100)
     queue.add_after("a", 5)
     queue.add("a")
-    advance(queue, clock, 4)
-    assert len(queue) == 0
-    advance(queue, clock, 1)
-    assert await get_all(queue) == ["a"]
+    await due_at(queue, clock, 5)
 
 
 async def test_a_later_add_after_still_caps_future_debounce() -> None:
@@ -374,10 +376,7 @@ async def test_a_later_add_after_still_caps_future_debounce() -> None:
     queue.add_after("a", 15)  # later: the deadline stays 10, but 15 becomes a promise
     advance(queue, clock, 9)
     queue.add("a")  # would push back to 19
-    advance(queue, clock, 5)  # t=14
-    assert len(queue) == 0
-    advance(queue, clock, 1)  # t=15
-    assert await get_all(queue) == ["a"]
+    await due_at(queue, clock, 15)
 
 
 async def test_debounced_add_can_move_a_later_delay_earlier() -> None:
