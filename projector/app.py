@@ -291,10 +291,11 @@ def settle_heap() -> None:
     """Collect, then move every object alive now out of the cyclic collector's reach.
 
     Once the caches are synced they hold most of the heap, and they live as long as the
-    process; every full collection walked all of them, so the collector's cost per copy write
-    grew with the number of cached objects (1 -> 1,000 fan-out: 0.86 -> 0.68 ms of CPU per write
-    with the freeze, side by side). Objects freed later by reference counting are still freed;
-    only cyclic garbage among the frozen ones would stay (collected first, so none).
+    process (and the imported modules with them); every full collection walked all of them.
+    Side by side on a loaded machine (docs/benchmarks.md, write-path-4*): 1 -> 1,000 CPU per
+    write 0.86 -> 0.68 ms in one run, no clear change in another; to be confirmed on a quiet
+    machine. Objects freed later by reference counting are still freed; only cyclic garbage
+    among the frozen ones would stay (collected first, so none).
     """
     gc.collect()
     gc.freeze()
