@@ -129,6 +129,9 @@ class Kube:
             ),
             headers={"User-Agent": self._user_agent},
             skip_auto_headers=("Accept-Encoding",),
+            # The API server sets no cookies: a real jar filtered its (empty) cookies for every
+            # request and parsed every response's headers for new ones.
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
 
     @classmethod
