@@ -341,6 +341,23 @@ def test_an_informer_that_stops_stepping_is_wedged() -> None:
     assert inf.wedged()
 
 
+async def retried(
+    page_errors: dict[tuple[int, int], BaseException],
+) -> tuple[list[tuple[int, float]], Informer[str, Any]]:
+    """An informer of one object `a` run until synced over a server that first answers these
+    errors (by (list call, page)): the (status, retry_in) of each retry it logged, and it."""
+    kube = ScriptedKube()
+    kube.objects = {"a": obj("a", "5")}
+    kube.page_errors = page_errors
+    fake: Api = kube  # type: ignore[assignment]
+    inf = Informer(fake, Cache(SPEC, lambda _o, _n: None), backoff=(0.005, 10.0))
+    with structlog.testing.capture_logs() as logs:
+        async with running(inf):
+            await asyncio.wait_for(kube.idle.wait(), 5)
+    retries = [(e["status"], e["retry_in"]) for e in logs if e["event"] == "watch failed; retrying"]
+    return retries, inf
+
+
 async def test_refusals_just_after_an_outage_keep_the_short_cap(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -349,16 +366,8 @@ async def test_refusals_just_after_an_outage_keep_the_short_cap(
     import projector.informer as informer_module
 
     monkeypatch.setattr(informer_module, "UNREACHABLE_RETRY_MAX", 0.01)
-    kube = ScriptedKube()
-    kube.objects = {"a": obj("a", "5")}
     errors = [ServerError(0, "ClientConnectorError")] + [Forbidden(403, "Forbidden")] * 4
-    kube.page_errors = {(n, 0): e for n, e in enumerate(errors, start=1)}
-    fake: Api = kube  # type: ignore[assignment]
-    inf = Informer(fake, Cache(SPEC, lambda _o, _n: None), backoff=(0.005, 10.0))
-    with structlog.testing.capture_logs() as logs:
-        async with running(inf):
-            await asyncio.wait_for(kube.idle.wait(), 5)
-    retries = [(e["status"], e["retry_in"]) for e in logs if e["event"] == "watch failed; retrying"]
+    retries, inf = await retried({(n, 0): e for n, e in enumerate(errors, start=1)})
     assert [s for s, _ in retries] == [0, 403, 403, 403, 403]
     assert all(wait <= 0.01 for _, wait in retries), retries
     assert items(inf) == {"a": "x"}
@@ -374,17 +383,9 @@ async def test_a_429_just_after_an_outage_waits_less_than_its_whole_second_of_re
 
     monkeypatch.setattr(informer_module, "UNREACHABLE_RETRY_MAX", 0.01)
     monkeypatch.setattr(informer_module, "WARMING_RETRY", 0.01)
-    kube = ScriptedKube()
-    kube.objects = {"a": obj("a", "5")}
     starting = TooManyRequests(429, "TooManyRequests", "storage is (re)initializing", (), 1.0)
     errors = [ServerError(0, "ClientConnectorError"), starting, starting, starting]
-    kube.page_errors = {(n, 0): e for n, e in enumerate(errors, start=1)}
-    fake: Api = kube  # type: ignore[assignment]
-    inf = Informer(fake, Cache(SPEC, lambda _o, _n: None), backoff=(0.005, 10.0))
-    with structlog.testing.capture_logs() as logs:
-        async with running(inf):
-            await asyncio.wait_for(kube.idle.wait(), 5)
-    retries = [(e["status"], e["retry_in"]) for e in logs if e["event"] == "watch failed; retrying"]
+    retries, inf = await retried({(n, 0): e for n, e in enumerate(errors, start=1)})
     assert retries == [(0, 0.01), (429, 0.01), (429, 0.02), (429, 0.04)], retries
     assert items(inf) == {"a": "x"}
 
@@ -396,13 +397,5 @@ async def test_a_429_of_a_server_that_was_answering_waits_its_whole_retry_after(
     import projector.informer as informer_module
 
     monkeypatch.setattr(informer_module, "WARMING_RETRY", 0.01)
-    kube = ScriptedKube()
-    kube.objects = {"a": obj("a", "5")}
-    kube.page_errors = {(1, 0): TooManyRequests(429, "TooManyRequests", retry_after=0.05)}
-    fake: Api = kube  # type: ignore[assignment]
-    inf = Informer(fake, Cache(SPEC, lambda _o, _n: None), backoff=(0.005, 10.0))
-    with structlog.testing.capture_logs() as logs:
-        async with running(inf):
-            await asyncio.wait_for(kube.idle.wait(), 5)
-    retries = [(e["status"], e["retry_in"]) for e in logs if e["event"] == "watch failed; retrying"]
+    retries, _ = await retried({(1, 0): TooManyRequests(429, "TooManyRequests", retry_after=0.05)})
     assert retries == [(429, 0.05)], retries
