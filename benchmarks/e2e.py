@@ -40,10 +40,10 @@ from benchmarks import peers
 from benchmarks.common import RESULTS, summary, write_result
 from benchmarks.floor import WRITE_CONCURRENCY, FloorProcess, Observer, observer
 from benchmarks.harness import (
-    EXPORT,
     Watcher,
     controller,
     ensure,
+    exported,
     gather_limited,
     grant,
     namespaces,
@@ -59,7 +59,6 @@ from tests.otel.harness import binary as otel_binary
 from tests.support import api_client, b64
 
 MANAGED = "projector.nebari.dev/managed-by=projector"
-EXPORT_ALL = {"projector.nebari.dev/export-to": "*"}
 
 
 def _cpu(pid: int) -> float:
@@ -179,9 +178,7 @@ async def fanout(
     src, targets = f"{tag}-src", [f"{tag}-{i}" for i in range(n)]
     await namespaces(kube, [src], {})
     await namespaces(kube, targets, {"bench": tag})
-    await ensure(
-        kube, SECRETS, secret("hub", {"token": "v0"}, labels=EXPORT, annotations=EXPORT_ALL), src
-    )
+    await ensure(kube, SECRETS, exported("hub", {"token": "v0"}), src)
     await gather_limited(
         ensure(kube, SECRETS, secret("floor", {"token": "v0"}, labels={"bench-floor": tag}), ns)
         for ns in targets
@@ -340,9 +337,7 @@ async def latency(
     """
     src, dst = "lat-src", "lat-dst"
     await namespaces(kube, [src, dst], {})
-    await ensure(
-        kube, SECRETS, secret("hub", {"token": "v0"}, labels=EXPORT, annotations=EXPORT_ALL), src
-    )
+    await ensure(kube, SECRETS, exported("hub", {"token": "v0"}), src)
     for n in ("floor-a", "floor-b"):
         await ensure(kube, SECRETS, secret(n, {"token": "v0"}, labels={"bench-floor": "lat"}), dst)
     await ensure(kube, GRANTS, grant("lat", (src, "hub"), targets=[dst]))
@@ -568,9 +563,7 @@ async def burst(
     src, targets = "burst-src", [f"burst-{i}" for i in range(copies_n)]
     await namespaces(kube, [src], {})
     await namespaces(kube, targets, {"bench": "burst"})
-    await ensure(
-        kube, SECRETS, secret("hub", {"token": "v0"}, labels=EXPORT, annotations=EXPORT_ALL), src
-    )
+    await ensure(kube, SECRETS, exported("hub", {"token": "v0"}), src)
     await ensure(kube, GRANTS, grant("burst", (src, "hub"), selector={"bench": "burst"}))
     keys = [(ns, "hub") for ns in targets]
     async with (
@@ -632,12 +625,7 @@ async def restart_and_memory(
         await ensure(
             kube,
             SECRETS,
-            secret(
-                f"contract-{s}",
-                {"token": f"t{s}", "id": f"i{s}"},
-                labels=EXPORT,
-                annotations=EXPORT_ALL,
-            ),
+            exported(f"contract-{s}", {"token": f"t{s}", "id": f"i{s}"}),
             src,
         )
     await gather_limited(

@@ -30,6 +30,7 @@ from tests.launcher import REPO, ControllerProcess, launch
 from tests.support import b64
 
 EXPORT = {"projector.nebari.dev/export": "true"}
+EXPORT_ALL = {"projector.nebari.dev/export-to": "*"}
 PROD_PYTHON = REPO / ".local" / "prod-venv" / "bin" / "python"
 
 
@@ -89,6 +90,11 @@ def secret(
         "type": "Opaque",
         "data": {k: b64(v) for k, v in data.items()},
     }
+
+
+def exported(name: str, data: dict[str, str]) -> Obj:
+    """A producer's Secret opted in to every namespace: what a grant of the benchmarks copies."""
+    return secret(name, data, labels=EXPORT, annotations=EXPORT_ALL)
 
 
 def grant(

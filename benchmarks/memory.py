@@ -26,15 +26,14 @@ from typing import Any
 
 from benchmarks.before_after import export
 from benchmarks.common import RESULTS, summary, write_result
-from benchmarks.e2e import EXPORT_ALL, MANAGED
+from benchmarks.e2e import MANAGED
 from benchmarks.harness import (
-    EXPORT,
     controller_python,
     ensure,
+    exported,
     gather_limited,
     grant,
     namespaces,
-    secret,
     settle,
     wait_ready,
 )
@@ -153,12 +152,7 @@ async def run(
             await ensure(
                 kube,
                 SECRETS,
-                secret(
-                    f"src-{s}",
-                    {"token": f"t{s}", "id": f"i{s}"},
-                    labels=EXPORT,
-                    annotations=EXPORT_ALL,
-                ),
+                exported(f"src-{s}", {"token": f"t{s}", "id": f"i{s}"}),
                 SRC,
             )
         await point("idle")

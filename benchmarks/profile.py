@@ -15,20 +15,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import summary, write_result
-from benchmarks.e2e import EXPORT_ALL, MANAGED, cpu_when_quiet
-from benchmarks.floor import observer
+from benchmarks.e2e import MANAGED, cpu_when_quiet
+from benchmarks.floor import Observer, observer
 from benchmarks.harness import (
-    EXPORT,
     Watcher,
     ensure,
+    exported,
     grant,
     namespaces,
     put_value,
-    secret,
     settle,
     wait_ready,
 )
@@ -53,6 +53,46 @@ def start(
     return launch(kubeconfig, log, "--log-level=warning", *flags, prefix=prof)
 
 
+async def fan_out_world(kube: Kube, tag: str, n: int) -> tuple[str, list[tuple[str, str]]]:
+    """A source namespace, `n` selected namespaces and a grant copying `hub` into each: the
+    source's namespace and the copies to watch."""
+    src, targets = f"{tag}-src", [f"{tag}-{i}" for i in range(n)]
+    await namespaces(kube, [src], {})
+    await namespaces(kube, targets, {"bench": tag})
+    await ensure(kube, SECRETS, exported("hub", {"token": "v0"}), src)
+    await ensure(kube, GRANTS, grant(tag, (src, "hub"), selector={"bench": tag}))
+    return src, [(ns, "hub") for ns in targets]
+
+
+async def measured_rounds(
+    obs: Observer,
+    ctl: ControllerProcess,
+    src: str,
+    copies: list[tuple[str, str]],
+    first: str,
+    values: list[str],
+) -> list[tuple[float, float]]:
+    """Once every copy holds `first`: per value, the source updated and (controller CPU ms
+    per Update write, ms until the last copy holds it), the CPU counted until the controller
+    is quiet."""
+    await wait_ready(ctl)
+    samples: list[tuple[float, float]] = []
+    async with Watcher(obs, MANAGED, "token") as watch:
+        await watch.until(watch.all_equal(copies, first), 600)
+        await settle(ctl)
+        for value in values:
+            w0 = ctl.metric("projector_writes_total", action="Update", result="ok")
+            cpu0 = await cpu_when_quiet(ctl.proc.pid)
+            t0 = time.monotonic()
+            await put_value(obs, src, "hub", "token", value)
+            t1 = await watch.reached(copies, value, 600)
+            cpu = await cpu_when_quiet(ctl.proc.pid) - cpu0
+            await settle(ctl)
+            w = ctl.metric("projector_writes_total", action="Update", result="ok") - w0
+            samples.append((cpu * 1000 / w, (t1 - t0) * 1000))
+    return samples
+
+
 async def one(
     kubeconfig: Path,
     out: Path,
@@ -64,14 +104,7 @@ async def one(
 ) -> list[float]:
     kube = await Kube.connect(str(kubeconfig))
     tag = f"prof{n}"
-    src, targets = f"{tag}-src", [f"{tag}-{i}" for i in range(n)]
-    await namespaces(kube, [src], {})
-    await namespaces(kube, targets, {"bench": tag})
-    hub = secret("hub", {"token": "v0"}, labels=EXPORT, annotations=EXPORT_ALL)
-    await ensure(kube, SECRETS, hub, src)
-    await ensure(kube, GRANTS, grant(tag, (src, "hub"), selector={"bench": tag}))
-    copies = [(ns, "hub") for ns in targets]
-    per_write: list[float] = []
+    src, copies = await fan_out_world(kube, tag, n)
     value = f"{tag}-start"
     async with observer(kubeconfig) as obs:
         await put_value(obs, src, "hub", "token", value)
@@ -84,26 +117,14 @@ async def one(
             code=code,
         )
         try:
-            await wait_ready(ctl)
-            async with Watcher(obs, MANAGED, "token") as watch:
-                await watch.until(watch.all_equal(copies, value), 600)
-                await settle(ctl)
-                for r in range(rounds):
-                    value = f"{tag}-r{r}"
-                    w0 = ctl.metric("projector_writes_total", action="Update", result="ok")
-                    cpu0 = await cpu_when_quiet(ctl.proc.pid)
-                    await put_value(obs, src, "hub", "token", value)
-                    await watch.reached(copies, value, 600)
-                    cpu = await cpu_when_quiet(ctl.proc.pid) - cpu0
-                    await settle(ctl)
-                    w = ctl.metric("projector_writes_total", action="Update", result="ok") - w0
-                    per_write.append(cpu * 1000 / w)
+            values = [f"{tag}-r{r}" for r in range(rounds)]
+            samples = await measured_rounds(obs, ctl, src, copies, value, values)
         finally:
             ctl.proc.send_signal(signal.SIGTERM)
             ctl.proc.wait(60)
     await kube.delete(GRANTS, tag)
     await kube.close()
-    return per_write
+    return [cpu for cpu, _ in samples]
 
 
 def call_tree(text: str) -> list[str]:

@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS, write_result
-from benchmarks.e2e import EXPORT_ALL, MANAGED, cpu_when_quiet
+from benchmarks.e2e import MANAGED, cpu_when_quiet
 from benchmarks.floor import Observer, observer
 from benchmarks.harness import (
-    EXPORT,
     Watcher,
     controller,
     ensure,
+    exported,
     gather_limited,
     grant,
     namespaces,
@@ -95,12 +95,7 @@ async def _sources(kube: Kube, ns: str, prefix: str) -> None:
         ensure(
             kube,
             SECRETS,
-            secret(
-                f"{prefix}-{s}",
-                {"token": "v0", "id": f"i{s}"},
-                labels=EXPORT,
-                annotations=EXPORT_ALL,
-            ),
+            exported(f"{prefix}-{s}", {"token": "v0", "id": f"i{s}"}),
             ns,
         )
         for s in range(SOURCES)

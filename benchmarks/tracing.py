@@ -30,18 +30,17 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS, percentile, write_result
-from benchmarks.e2e import EXPORT_ALL, MANAGED, cpu_when_quiet
+from benchmarks.e2e import MANAGED, cpu_when_quiet
 from benchmarks.harness import (
-    EXPORT,
     Watcher,
     control_plane,
     controller_python,
     delete_grants,
     ensure,
+    exported,
     grant,
     namespaces,
     put_value,
-    secret,
     settle,
     wait_ready,
 )
@@ -84,7 +83,7 @@ async def fan_out(
     await ensure(
         kube,
         SECRETS,
-        secret("db", {"k": "v0"}, labels=EXPORT, annotations=EXPORT_ALL),
+        exported("db", {"k": "v0"}),
         namespace=src,
     )
     watcher = Watcher(kube, MANAGED, "k")
@@ -119,7 +118,7 @@ async def many_reconciles(
     await ensure(
         kube,
         SECRETS,
-        secret("db", {"k": "r0"}, labels=EXPORT, annotations=EXPORT_ALL),
+        exported("db", {"k": "r0"}),
         namespace=src,
     )
     names = [f"copy-{i}" for i in range(grants)]
@@ -216,7 +215,7 @@ async def outage_noticed(kube: Kube, c: ControllerProcess, run: str) -> None:
     been down a while (the steady state of an outage), not its first seconds."""
     src, dst = f"tr-{run}-wsrc", f"tr-{run}-wdst"
     await namespaces(kube, [src, dst], {"bench": "tracing"})
-    body = secret("db", {"k": "w0"}, labels=EXPORT, annotations=EXPORT_ALL)
+    body = exported("db", {"k": "w0"})
     await ensure(kube, SECRETS, body, namespace=src)
     await kube.create(GRANTS, grant(f"tr-{run}-w", (src, "db"), targets=[dst]))
     deadline = time.monotonic() + 120

@@ -16,27 +16,17 @@ import argparse
 import asyncio
 import signal
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.before_after import export
 from benchmarks.common import summary, write_result
-from benchmarks.e2e import EXPORT_ALL, MANAGED, cpu_when_quiet
 from benchmarks.floor import observer
 from benchmarks.harness import (
-    EXPORT,
-    Watcher,
-    ensure,
-    grant,
-    namespaces,
     put_value,
-    secret,
-    settle,
-    wait_ready,
 )
-from benchmarks.profile import call_tree, start
-from projector.api import GRANTS, SECRETS
+from benchmarks.profile import call_tree, fan_out_world, measured_rounds, start
+from projector.api import GRANTS
 from projector.kube import Kube
 from tests.launcher import REPO
 
@@ -50,42 +40,21 @@ async def block(
     tag = f"wba{n}"
     src, targets = f"{tag}-src", [f"{tag}-{i}" for i in range(n)]
     copies = [(ns, "hub") for ns in targets]
-    got: Samples = {"cpu_ms_per_write": [], "fanout_ms": []}
     async with observer(kubeconfig) as obs:
         value = f"{tag}-b{seq}"
         await put_value(obs, src, "hub", "token", value)
         ctl = start(kubeconfig, out / f"controller-{n}-{seq}.log", None, *flags, code=code)
         try:
-            await wait_ready(ctl)
-            async with Watcher(obs, MANAGED, "token") as watch:
-                await watch.until(watch.all_equal(copies, value), 600)
-                await settle(ctl)
-                for r in range(rounds):
-                    value = f"{tag}-b{seq}-r{r}"
-                    w0 = ctl.metric("projector_writes_total", action="Update", result="ok")
-                    cpu0 = await cpu_when_quiet(ctl.proc.pid)
-                    t0 = time.monotonic()
-                    await put_value(obs, src, "hub", "token", value)
-                    t1 = await watch.reached(copies, value, 600)
-                    cpu = await cpu_when_quiet(ctl.proc.pid) - cpu0
-                    await settle(ctl)
-                    w = ctl.metric("projector_writes_total", action="Update", result="ok") - w0
-                    got["cpu_ms_per_write"].append(cpu * 1000 / w)
-                    got["fanout_ms"].append((t1 - t0) * 1000)
+            values = [f"{tag}-b{seq}-r{r}" for r in range(rounds)]
+            samples = await measured_rounds(obs, ctl, src, copies, value, values)
         finally:
             ctl.proc.send_signal(signal.SIGTERM)
             ctl.proc.wait(60)
-    return got
+    return {"cpu_ms_per_write": [c for c, _ in samples], "fanout_ms": [f for _, f in samples]}
 
 
 async def setup(kube: Kube, n: int) -> None:
-    tag = f"wba{n}"
-    src, targets = f"{tag}-src", [f"{tag}-{i}" for i in range(n)]
-    await namespaces(kube, [src], {})
-    await namespaces(kube, targets, {"bench": tag})
-    hub = secret("hub", {"token": "v0"}, labels=EXPORT, annotations=EXPORT_ALL)
-    await ensure(kube, SECRETS, hub, src)
-    await ensure(kube, GRANTS, grant(tag, (src, "hub"), selector={"bench": tag}))
+    await fan_out_world(kube, f"wba{n}", n)
 
 
 def load() -> str:
