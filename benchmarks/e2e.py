@@ -50,6 +50,7 @@ from benchmarks.harness import (
     put_value,
     secret,
     settle,
+    sources,
     unb64,
 )
 from projector.api import GRANTS, SECRETS
@@ -616,25 +617,18 @@ async def restart_and_memory(
     unrelated: int,
     out: Path = RESULTS,
 ) -> tuple[Path, Path]:
-    sources = 10
+    n_sources = 10
     src = "world-src"
     targets = [f"world-{i}" for i in range(namespaces_n)]
-    await namespaces(kube, [src], {})
+    await sources(kube, src, "contract", n_sources)
     await namespaces(kube, targets, {"bench": "world"})
-    for s in range(sources):
-        await ensure(
-            kube,
-            SECRETS,
-            exported(f"contract-{s}", {"token": f"t{s}", "id": f"i{s}"}),
-            src,
-        )
     await gather_limited(
         ensure(
             kube,
             GRANTS,
             grant(
                 f"world-{g}",
-                (src, f"contract-{g % sources}"),
+                (src, f"contract-{g % n_sources}"),
                 targets=[targets[(g * per_grant + k) % namespaces_n] for k in range(per_grant)],
                 target_name=f"copy-{g}",
             ),

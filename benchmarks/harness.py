@@ -97,6 +97,15 @@ def exported(name: str, data: dict[str, str]) -> Obj:
     return secret(name, data, labels=EXPORT, annotations=EXPORT_ALL)
 
 
+async def sources(kube: Kube, ns: str, prefix: str, count: int) -> None:
+    """Namespace `ns` with `count` opted-in Secrets `PREFIX-0`, `PREFIX-1`, ... (keys token, id)."""
+    await namespaces(kube, [ns], {})
+    await gather_limited(
+        ensure(kube, SECRETS, exported(f"{prefix}-{s}", {"token": f"t{s}", "id": f"i{s}"}), ns)
+        for s in range(count)
+    )
+
+
 def grant(
     name: str,
     source: tuple[str, str],

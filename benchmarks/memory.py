@@ -30,11 +30,11 @@ from benchmarks.e2e import MANAGED
 from benchmarks.harness import (
     controller_python,
     ensure,
-    exported,
     gather_limited,
     grant,
     namespaces,
     settle,
+    sources,
     wait_ready,
 )
 from benchmarks.scaling import fit
@@ -147,14 +147,7 @@ async def run(
         points.append(p)
 
     try:
-        await namespaces(kube, [SRC], {})
-        for s in range(SOURCES):
-            await ensure(
-                kube,
-                SECRETS,
-                exported(f"src-{s}", {"token": f"t{s}", "id": f"i{s}"}),
-                SRC,
-            )
+        await sources(kube, SRC, "src", SOURCES)
         await point("idle")
         for n_ in NS_STEPS:
             await namespaces(kube, [f"mem-{i}" for i in range(n, n_)], {"bench": "mem"})

@@ -33,13 +33,13 @@ from benchmarks.harness import (
     Watcher,
     controller,
     ensure,
-    exported,
     gather_limited,
     grant,
     namespaces,
     put_value,
     secret,
     settle,
+    sources,
     unb64,
 )
 from projector.api import GRANTS, SECRETS
@@ -89,23 +89,10 @@ async def _until_copies(kube: Kube, selector: str, expected: int, within: float)
         await asyncio.sleep(2)
 
 
-async def _sources(kube: Kube, ns: str, prefix: str) -> None:
-    await namespaces(kube, [ns], {})
-    await gather_limited(
-        ensure(
-            kube,
-            SECRETS,
-            exported(f"{prefix}-{s}", {"token": "v0", "id": f"i{s}"}),
-            ns,
-        )
-        for s in range(SOURCES)
-    )
-
-
 async def _arena(kube: Kube, tag: str, count: int) -> list[str]:
     """An axis's sources (`scale-TAG-src/TAG-hub-N`) and its `count` target namespaces
     (`scale-TAG-I`), which it returns."""
-    await _sources(kube, f"scale-{tag}-src", f"{tag}-hub")
+    await sources(kube, f"scale-{tag}-src", f"{tag}-hub", SOURCES)
     targets = [f"scale-{tag}-{i}" for i in range(count)]
     await namespaces(kube, targets, {})
     return targets
@@ -238,7 +225,7 @@ async def _grants(
 
 async def namespaces_axis(axis: Axis, sizes: Sequence[int]) -> None:
     kube = axis.kube
-    await _sources(kube, "scale-ns-src", "ns-hub")
+    await sources(kube, "scale-ns-src", "ns-hub", SOURCES)
     g = grant("scale-ns", ("scale-ns-src", "ns-hub-0"), selector={"scale": "ns"})
     await ensure(kube, GRANTS, _labelled(g, "namespaces"))
 
