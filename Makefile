@@ -75,8 +75,8 @@ otelcol: ## build (or reuse) the OpenTelemetry Collector the tracing tests expor
 generate: install ## rewrite docs/metrics.md, the dashboard and the alert rules from observability/
 	$(PY) -m observability
 
-observability-docs: install binaries prometheus ## redraw docs/observability.md from a real Prometheus run
-	PROJECTOR_UPDATE_DOCS=1 $(PY) -m pytest -q tests/integration/test_observability.py
+observability-docs: install binaries prometheus ## redraw docs/observability.md from a real Prometheus run (its long scenario: ~6 min)
+	PROJECTOR_UPDATE_DOCS=1 PROJECTOR_LONG_FAULTS=1 $(PY) -m pytest -q tests/integration/test_observability.py
 
 traces-docs: install binaries otelcol ## rewrite the traces section of docs/observability.md from a real collector
 	PROJECTOR_UPDATE_DOCS=1 $(PY) -m pytest -q tests/integration/test_tracing.py

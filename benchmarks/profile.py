@@ -36,14 +36,31 @@ from projector.api import GRANTS, SECRETS
 from projector.kube import Kube
 from tests.launcher import REPO, ControllerProcess, launch
 
+RUN_FROM = (
+    "import runpy, sys; sys.path.insert(0, sys.argv[1]); del sys.argv[1:4];"
+    " runpy.run_module('projector', run_name='__main__', alter_sys=True)"
+)
+"""Runs `projector` from the directory in argv[1] (an exported commit), not the repository's."""
 
-def start(kubeconfig: Path, log: Path, profile: Path | None, *flags: str) -> ControllerProcess:
+
+def start(
+    kubeconfig: Path, log: Path, profile: Path | None, *flags: str, code: Path | None = None
+) -> ControllerProcess:
+    """The controller, profiled into `profile` if given, from `code` (a `projector/` parent)."""
     prof = ["-m", "pyinstrument", "-r", "text", "-o", str(profile)] if profile else []
+    if code is not None:
+        prof = ["-c", RUN_FROM, str(code)]
     return launch(kubeconfig, log, "--log-level=warning", *flags, prefix=prof)
 
 
 async def one(
-    kubeconfig: Path, out: Path, n: int, rounds: int, profile: bool, flags: list[str]
+    kubeconfig: Path,
+    out: Path,
+    n: int,
+    rounds: int,
+    profile: bool,
+    flags: list[str],
+    code: Path | None = None,
 ) -> list[float]:
     kube = await Kube.connect(str(kubeconfig))
     tag = f"prof{n}"
@@ -63,6 +80,8 @@ async def one(
             out / f"controller-{n}.log",
             out / f"profile-{n}.txt" if profile else None,
             "--qps=0",
+            *flags,
+            code=code,
         )
         try:
             await wait_ready(ctl)

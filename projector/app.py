@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
 import time
@@ -227,6 +228,7 @@ class Process:
                 tasks.append(tg.create_task(elector.run(), name="elector"))
             await asyncio.gather(*(c.synced.wait() for c in self.caches))
             log.info("caches synced", **{c.spec.kind.value: len(c) for c in self.caches})
+            settle_heap()
             if elector is not None:  # a hot standby until it leads: synced, ready, waiting
                 tasks.append(tg.create_task(self._lead(tg, elector), name="leadership"))
             else:
@@ -283,6 +285,20 @@ class Process:
         await self.kube.close()
         self.metrics.leading(False)
         log.info("stopped")
+
+
+def settle_heap() -> None:
+    """Collect, then move every object alive now out of the cyclic collector's reach.
+
+    Once the caches are synced they hold most of the heap, and they live as long as the
+    process (and the imported modules with them); every full collection walked all of them.
+    Side by side on a loaded machine (docs/benchmarks.md, write-path-4*): 1 -> 1,000 CPU per
+    write 0.86 -> 0.68 ms in one run, no clear change in another; to be confirmed on a quiet
+    machine. Objects freed later by reference counting are still freed; only cyclic garbage
+    among the frozen ones would stay (collected first, so none).
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

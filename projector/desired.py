@@ -7,9 +7,11 @@ already holds exactly this.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from projector.model import (
     GRANT_LABEL,
@@ -94,9 +96,9 @@ class Desired:
         """
         labels, annotations = dict(self.labels), dict(self.annotations)
         if keep is not None:
-            was = _grant_metadata(keep)
-            labels = _foreign(keep.labels, was.get("labels", ())) | labels
-            annotations = _foreign(keep.annotations, was.get("annotations", ())) | annotations
+            kept_labels, kept_annotations = kept_metadata(keep)
+            labels = kept_labels | labels
+            annotations = kept_annotations | annotations
         meta: dict[str, object] = {
             "name": self.name,
             "namespace": namespace,
@@ -113,18 +115,44 @@ class Desired:
         return out
 
 
+def kept_metadata(keep: Copy) -> tuple[dict[str, str], dict[str, str]]:
+    """The labels and annotations of a stored copy that a PUT of it must carry over.
+
+    Those other tools wrote: neither projector's own nor ones a grant wrote before.
+    """
+    was = _grant_metadata(keep)
+    return (
+        _foreign(keep.labels, was.get("labels", ())),
+        _foreign(keep.annotations, was.get("annotations", ())),
+    )
+
+
 def _foreign(metadata: Mapping[str, str], grants: Iterable[str]) -> dict[str, str]:
     """Keys other tools wrote: neither projector's own nor ones a grant wrote before."""
     skip = set(grants)
     return {k: v for k, v in metadata.items() if not k.startswith(PREFIX) and k not in skip}
 
 
-def _grant_metadata(copy: Copy) -> dict[str, list[str]]:
+_NOTHING_RECORDED: Mapping[str, list[str]] = MappingProxyType({})
+
+
+def _grant_metadata(copy: Copy) -> Mapping[str, list[str]]:
+    """The label and annotation keys a grant recorded on the copy (read-only).
+
+    Read on every Update of a copy: most copies record none (no JSON to parse), and the copies
+    of one grant record the same string, parsed once (`_recorded`).
+    """
+    raw = copy.annotations.get(GRANT_METADATA_ANNOTATION)
+    return _NOTHING_RECORDED if raw is None else _recorded(raw)
+
+
+@functools.lru_cache(maxsize=256)
+def _recorded(raw: str) -> Mapping[str, list[str]]:
     try:
-        recorded = json.loads(copy.annotations.get(GRANT_METADATA_ANNOTATION, "{}"))
+        recorded = json.loads(raw)
     except ValueError:
-        return {}
-    return recorded if isinstance(recorded, dict) else {}
+        return _NOTHING_RECORDED
+    return MappingProxyType(recorded) if isinstance(recorded, dict) else _NOTHING_RECORDED
 
 
 def _select(grant: Grant, source: Source) -> tuple[dict[str, str], dict[str, str], bool] | str:

@@ -7,6 +7,7 @@ cache, is recorded in a `GrantRecord` to be reported in the grant's status.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +25,7 @@ from projector.model import (
     OnSourceDeleted,
     SourceKind,
     Uid,
+    interned,
 )
 from projector.names import is_label, is_label_value, is_qualified_name, is_secret_key, is_subdomain
 
@@ -57,7 +59,9 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
     if not is_label(src["namespace"]) or not is_subdomain(src["name"]):
         raise InvalidGrant(name, f"spec.source must name a valid namespace and {kind.value}")
     keys = _parse_keys(spec.get("keys"), name)
-    namespaces = frozenset(_strings(target.get("namespaces") or [], "namespaces", name))
+    namespaces = frozenset(
+        map(sys.intern, _strings(target.get("namespaces") or [], "namespaces", name))
+    )
     sel = target.get("namespaceSelector")
     selector = None if sel is None else _parse_selector(sel, name)
     if not namespaces and selector is None:
@@ -81,9 +85,9 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
         uid=Uid(str(meta.get("uid", ""))),
         generation=int(meta.get("generation", 0)),
         created=str(meta.get("creationTimestamp", "")),
-        source=ObjectKey(src["namespace"], src["name"], kind),
+        source=ObjectKey(sys.intern(src["namespace"]), sys.intern(src["name"]), kind),
         keys=keys,
-        target_name=target_name,
+        target_name=sys.intern(target_name),
         namespaces=namespaces,
         selector=selector,
         labels=labels,
@@ -182,5 +186,5 @@ def parse_grant_record(obj: Mapping[str, Any]) -> GrantRecord:
         generation=int(meta.get("generation", 0)),
         grant=grant,
         invalid=invalid,
-        status=obj.get("status") or {},
+        status=interned(obj.get("status") or {}),
     )

@@ -7,8 +7,13 @@ other API failure backs off and retries, forever, by a tenacity policy (`_wait`)
 doubling to 30 s when the server answered with an error, the Retry-After it gave with a 429, and
 at most `UNREACHABLE_RETRY_MAX` (1 s) when it did not answer at all (refused, reset, timed out)
 or, just after that, refused us (401/403 while a restarted server's authorizer warms up), so
-that an informer is back within a second of its API server; each retry is logged, and the
-backoff starts over once the server answers again or the kind of failure changes. A client
+that an informer is back within a second of its API server. A 429 just after an outage (a
+restarted server answers the first request for a custom resource with "storage is
+(re)initializing" while that resource's watch cache fills, which takes milliseconds, but
+Retry-After counts whole seconds) is retried after `WARMING_RETRY`, doubling up to the
+Retry-After it gave, so the grants informer is not the last one back by a second. Each retry
+is logged, and the backoff starts over once the server answers again or the kind of failure
+changes. A client
 read deadline turns a silently stalled connection into an error, so a watch can never hang
 unnoticed.
 
@@ -48,6 +53,8 @@ from projector.store import Cache
 
 UNREACHABLE_RETRY_MAX = 1.0
 """Cap of the backoff while the API server does not answer at all."""
+WARMING_RETRY = 0.1
+"""First wait after a 429 from a server just back from an outage; doubles up to Retry-After."""
 WEDGE_SLACK = 60.0
 """Added to the longest a healthy loop step may take, before the loop counts as wedged."""
 
@@ -87,7 +94,10 @@ class Informer(Generic[K, T]):
         """Monotonic time since which the server has refused every attempt (401/403/404)."""
         self._need_list = True
         self._unreachable = False
-        """The last failure was the server not answering at all (a status of 0)."""
+        """The last failure was the server not answering at all (a status of 0), or its
+        refusals and 429s just after that, while it warms up."""
+        self._warming_429s = 0
+        """429s in a row while the server warms up: the short wait doubles with each."""
         self._progress = clock()
         self._step_bound = max(read_deadline, request_timeout) + backoff[1] + WEDGE_SLACK
         """The longest one step of the loop takes when nothing is wrong with this process."""
@@ -179,13 +189,20 @@ class Informer(Generic[K, T]):
         """
         error = state.outcome.exception() if state.outcome is not None else None
         initial, maximum = self._backoff
-        if isinstance(error, TooManyRequests):  # the server said when (APF, starting up)
-            return min(float(error.retry_after), maximum)
         status = getattr(error, "status", None)
         # A server back from an outage refuses for a while (401/403: its authorizer's caches
-        # are still filling): that is part of the outage, so the short cap holds until the
-        # first success, not a backoff towards `backoff[1]` that would delay the recovery.
-        unreachable = status == 0 or (self._unreachable and status in (401, 403))
+        # are still filling; 429: a custom resource's storage is starting): that is part of
+        # the outage, so the short waits hold until the first success, not a backoff towards
+        # `backoff[1]` (or a whole second of Retry-After) that would delay the recovery.
+        warming = self._unreachable and status in (401, 403, 429)
+        if isinstance(error, TooManyRequests):  # the server said when (APF, starting up)
+            asked = min(float(error.retry_after), maximum)
+            if not warming:
+                self._warming_429s = 0
+                return asked
+            self._warming_429s += 1
+            return min(asked, WARMING_RETRY * 2.0 ** (self._warming_429s - 1))
+        unreachable = status == 0 or warming
         if unreachable != self._unreachable:
             self._unreachable, state.attempt_number = unreachable, 1
         cap = UNREACHABLE_RETRY_MAX if unreachable else maximum
@@ -239,7 +256,7 @@ class Informer(Generic[K, T]):
                     healthy.clear()
                     await self._relist()
                     self._need_list = False
-                    state.attempt_number, self._unreachable = 1, False
+                    state.attempt_number, self._unreachable, self._warming_429s = 1, False, 0
                     self.failing_since = self.refused_since = None
                     self.cache.synced.set()
                     healthy.set()
@@ -255,7 +272,7 @@ class Informer(Generic[K, T]):
                     async for kind, obj in events:
                         self._alive()
                         healthy.set()
-                        state.attempt_number, self._unreachable = 1, False
+                        state.attempt_number, self._unreachable, self._warming_429s = 1, False, 0
                         self.failing_since = self.refused_since = None
                         if kind == "OPEN":
                             self._event("OPEN")  # a sign of life: the server accepted the watch

@@ -27,14 +27,17 @@ load balancer). The Lease's session is built with timeouts a fraction of the ret
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
+from types import ModuleType
 from typing import Any
 
 import aiohttp
 import orjson
 import structlog
-from kr8s._auth import KubeAuth
 from yarl import URL
 
 from projector import __version__, wire
@@ -47,6 +50,32 @@ from projector.errors import (
 )
 
 log = structlog.get_logger("projector.kube")
+
+
+def _kr8s_auth() -> ModuleType:
+    """`kr8s._auth` without running kr8s's package `__init__`.
+
+    That `__init__` imports all of kr8s (httpx, rich, cryptography, its object API): 15 MiB of
+    RSS in a controller that uses one class of it. `kr8s._auth` needs only `_config`,
+    `_async_utils`, `_types` and `_data_utils` (anyio, yaml, jsonpath), so it is imported under
+    a bare package module; then that module and the submodules loaded under it are taken out
+    of `sys.modules` again (this module keeps its own reference), so a later `import kr8s` (a
+    test, a tool) loads the real package whole, never a half of it.
+    """
+    if "kr8s" in sys.modules:  # the real package is already loaded: nothing to save
+        return importlib.import_module("kr8s._auth")
+    spec = importlib.util.find_spec("kr8s")
+    if spec is None or spec.submodule_search_locations is None:
+        raise ImportError("kr8s is not installed")
+    sys.modules["kr8s"] = importlib.util.module_from_spec(spec)
+    try:
+        return importlib.import_module("kr8s._auth")
+    finally:
+        for name in [m for m in sys.modules if m == "kr8s" or m.startswith("kr8s.")]:
+            del sys.modules[name]
+
+
+KubeAuth: Any = _kr8s_auth().KubeAuth
 
 REAUTH_BACKOFF = (1.0, 60.0)
 """After a failed re-authentication, seconds before the next may be tried: doubling, capped."""
@@ -97,6 +126,9 @@ class Kube(Api):
             ),
             headers={"User-Agent": self._user_agent},
             skip_auto_headers=("Accept-Encoding",),
+            # The API server sets no cookies: a real jar filtered its (empty) cookies for every
+            # request and parsed every response's headers for new ones.
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
 
     @classmethod

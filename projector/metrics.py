@@ -89,7 +89,18 @@ class Metrics:
         self._requests: dict[tuple[str, str, int], Any] = {}
         self._durations: dict[str, Any] = {}
         """Labelled children of the request metrics, looked up once (a request costs both)."""
+        self._children: dict[tuple[object, ...], Any] = {}
+        """Labelled children of the per-write and per-event counters, looked up once each:
+        `.labels()` builds a tuple, checks it and takes a lock, and costs more than `.inc()`.
+        Only for metrics whose series are never removed."""
         self.queue_longest_running.set_function(self._longest_running)
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, cached (for series never removed)."""
+        key = (id(metric), *labels)
+        if (child := self._children.get(key)) is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def _longest_running(self) -> float:
         now = self._clock()
@@ -149,7 +160,7 @@ class Metrics:
         if plan.grant is not None:
             self._states[plan.grant_name] = states
         for state in set(old) | set(states):
-            self.projections.labels(state).inc(states[state] - old[state])
+            self._child(self.projections, state).inc(states[state] - old[state])
 
     def grant_ready(
         self,
@@ -208,7 +219,7 @@ class Metrics:
 
     def reconciled(self, result: Result, name: str | None = None) -> None:
         """One reconcile (of grant `name`) ended with `result`."""
-        self.reconciles.labels(result.metric).inc()
+        self._child(self.reconciles, result.metric).inc()
         if name is not None:
             self._running.pop(name, None)
 
@@ -218,7 +229,7 @@ class Metrics:
 
     def write(self, action: Action, result: WriteResult) -> None:
         """One copy write ended with `result`."""
-        self.writes.labels(action.value, result.value).inc()
+        self._child(self.writes, action.value, result.value).inc()
 
     def status_write_failed(self, code: int) -> None:
         """One try of a status write failed with HTTP status `code` (0: no response)."""
@@ -244,13 +255,13 @@ class Metrics:
 
     def on_informer_event(self, kind: str, type_: str) -> None:
         """Informers' event hook; anything but an ERROR is a sign of life from the server."""
-        self.informer_events.labels(kind, type_).inc()
+        self._child(self.informer_events, kind, type_).inc()
         if type_ != "ERROR":
             self._heard[kind] = self._clock()
 
     def on_queue_event(self, event: str, _key: object) -> None:
         """The work queue's event hook."""
-        self.queue_events.labels(event).inc()
+        self._child(self.queue_events, event).inc()
 
     def on_spans(self, outcome: str, count: int) -> None:
         """The span processor's hook: `count` spans "exported", or dropped for a reason."""

@@ -10,6 +10,8 @@ import fnmatch
 import hashlib
 import json
 import re
+import sys
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -267,8 +269,8 @@ def parse_namespace(obj: Mapping[str, Any]) -> Namespace:
     meta = obj["metadata"]
     phase = (obj.get("status") or {}).get("phase")
     return Namespace(
-        name=meta["name"],
-        labels=dict(meta.get("labels") or {}),
+        name=sys.intern(meta["name"]),
+        labels={k: sys.intern(v) for k, v in (meta.get("labels") or {}).items()},
         terminating=bool(meta.get("deletionTimestamp")) or phase == "Terminating",
     )
 
@@ -312,29 +314,62 @@ def marked_by_projector(meta: Mapping[str, Any]) -> bool:
     return False
 
 
+class SharedMetadata(dict[str, str]):
+    """Labels or annotations that every cached copy holding the same ones shares (`shared`).
+
+    Never modified once made (a copy's fields are read-only `Mapping`s); weakly referenced
+    by the table of `shared`, so it lives exactly as long as a copy holds it.
+    """
+
+    __slots__ = ("__weakref__",)
+
+
+_SHARED: weakref.WeakValueDictionary[tuple[tuple[str, str], ...], SharedMetadata] = (
+    weakref.WeakValueDictionary()
+)
+
+
+def shared(metadata: Mapping[str, str]) -> Mapping[str, str]:
+    """One object for equal labels (or annotations), however many cached copies carry them.
+
+    A grant's copies carry the same labels and annotations (content hash, grant uid, source,
+    policies) in every namespace: 10,000 copies of 1,000 grants hold 1,000 of each, not
+    10,000. Keys and values are interned, so equal strings are one object too.
+    """
+    items = tuple((sys.intern(k), sys.intern(v)) for k, v in metadata.items())
+    found = _SHARED.get(items)
+    if found is None:
+        found = _SHARED[items] = SharedMetadata(items)
+    return found
+
+
 def parse_copy(obj: Mapping[str, Any], kind: SourceKind = SourceKind.SECRET) -> Copy:
     """Reduce a copy (Secret or ConfigMap) to metadata plus the hash of what it really stores.
 
-    The data is dropped here, so the cache of copies holds no value.
+    The data is dropped here, so the cache of copies holds no value. What copies have in
+    common is one object: their labels and annotations (`shared`), the namespace, name, type
+    and observed hash (interned); only uid and resourceVersion are a copy's own.
     """
     meta = obj["metadata"]
-    labels = dict(meta.get("labels") or {})
-    annotations = dict(meta.get("annotations") or {})
-    type_ = object_type(obj, kind)
+    labels = shared(meta.get("labels") or {})
+    annotations = shared(meta.get("annotations") or {})
+    type_ = sys.intern(object_type(obj, kind))
     immutable = bool(obj.get("immutable"))
     return Copy(
-        key=ObjectKey(meta["namespace"], meta["name"], kind),
+        key=ObjectKey(sys.intern(meta["namespace"]), sys.intern(meta["name"]), kind),
         uid=Uid(meta.get("uid", "")),
         resource_version=str(meta.get("resourceVersion", "")),
         type=type_,
         labels=labels,
         annotations=annotations,
-        observed_hash=content_hash(
-            type_,
-            obj.get("data") or {},
-            own_metadata(labels),
-            own_metadata(annotations),
-            binary_data(obj, kind),
+        observed_hash=sys.intern(
+            content_hash(
+                type_,
+                obj.get("data") or {},
+                own_metadata(labels),
+                own_metadata(annotations),
+                binary_data(obj, kind),
+            )
         ),
         deleting=bool(meta.get("deletionTimestamp")),
         immutable=immutable,
@@ -353,3 +388,18 @@ class GrantRecord:
     invalid: str | None
     status: Mapping[str, Any] = field(default_factory=dict, compare=False)
     """Compared with a freshly computed status so unchanged statuses are never rewritten."""
+
+
+def interned(value: Any) -> Any:
+    """A JSON value with its strings interned, equal to the value itself.
+
+    A grant's stored status repeats the reasons, messages and timestamps of every other
+    grant's; interned, each string is kept once.
+    """
+    if isinstance(value, str):
+        return sys.intern(value)
+    if isinstance(value, dict):
+        return {k: interned(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interned(v) for v in value]
+    return value

@@ -52,13 +52,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Skip kind tests, saying why, where no Docker engine runs; and faults held for minutes
-    (marked `long`) unless PROJECTOR_LONG_FAULTS=1 (`make reliability-docs` sets it)."""
+    """Skip kind tests, saying why, where no Docker engine runs; and faults or scenarios held
+    for minutes (marked `long`) unless PROJECTOR_LONG_FAULTS=1 (`make reliability-docs` and
+    `make observability-docs` set it)."""
     if (
         item.get_closest_marker("long") is not None
         and os.environ.get("PROJECTOR_LONG_FAULTS") != "1"
     ):
-        pytest.skip("a fault held for minutes: PROJECTOR_LONG_FAULTS=1 (make reliability-docs)")
+        pytest.skip(
+            "held for minutes: PROJECTOR_LONG_FAULTS=1 (make reliability-docs, observability-docs)"
+        )
     if item.get_closest_marker("kind") is not None:
         reason = docker_unavailable_reason()
         if reason is not None:

@@ -18,6 +18,7 @@ import math
 import os
 import re
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -26,15 +27,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 import yaml
 from kubernetes import client
 
 from observability import dashboard, pictures, rules, traces
+from tests import support
 from tests.controlplane.plane import ControlPlane
 from tests.helm import chart
 from tests.launcher import REPO, ControllerProcess
 from tests.prometheus.harness import Prometheus, StallProxy, binaries
-from tests.support import Canaries, Cluster, NamespaceFactory, eventually
+from tests.support import Canaries, Cluster, NamespaceFactory, eventually, unique_name
 
 RULE_TESTS = REPO / "tests/prometheus/rules_test.yaml"
 STALL_AFTER = 8.0
@@ -337,24 +340,12 @@ def test_every_panel_and_alert_has_data_exemplars_link_traces_and_a_stall_fires(
             lambda: prom.firing("ProjectorNoLeader"), timeout=30, message="NoLeader fires"
         )
         values.append(("alert fired: ProjectorNoLeader", "the controller stopped", _labels(fired)))
-        end = time.time()
 
-        # Pictures of the main panels, from range queries over the whole test.
+        # The page: the values above, and the pictures the long scenario below draws.
         update = os.environ.get("PROJECTOR_UPDATE_DOCS") == "1"
         docs = REPO / "docs" if update else tmp_path / "docs"
-        images = []
-        for panel in dashboard.PANELS:
-            if panel.title not in pictures.MAIN:
-                continue
-            series = []
-            for q in panel.queries:
-                matrix = prom.query_range(_expr(q.expr), t0 - 5, end, 1)
-                _scan(canaries, "prometheus range results", matrix)
-                series.append((q.legend, matrix))
-            rel = f"img/observability/{pictures.slug(panel.title)}.png"
-            pictures.draw(panel.title, panel.unit, series, docs / rel, heatmap=panel.heatmap, t0=t0)
-            assert (docs / rel).stat().st_size > 1000
-            images.append((panel.title, rel))
+        docs.mkdir(parents=True, exist_ok=True)
+        images = [(title, pictures.image(title)) for title in pictures.MAIN]
         drawn = pictures.page(images, values)  # keeping test_tracing's section of the page
         kept = traces.keep(drawn, (REPO / "docs" / "observability.md").read_text())
         (docs / "observability.md").write_text(kept)
@@ -362,3 +353,216 @@ def test_every_panel_and_alert_has_data_exemplars_link_traces_and_a_stall_fires(
 
     finally:
         prom.stop()
+
+
+# --- the long scenario the pictures are drawn from (make observability-docs) -------------------
+
+SCRAPE = 2.0
+"""Prometheus scrapes and evaluates every 2 s; Grafana's `$__rate_interval` is then 4 scrapes."""
+RATE_WINDOW = f"{4 * SCRAPE:g}s"
+ROTATE_EVERY = 3.0
+"""The steady source is rotated this often, all through the scenario."""
+STEADY_TARGETS = 10
+BURST_GRANTS, BURST_TARGETS = 40, 5
+"""The burst: this many grants created at once, each to this many namespaces."""
+HOLD = 30.0
+"""Seconds of steady rotations between events, so each shows against a quiet line."""
+OUTAGE = 20.0
+
+
+class Rotator:
+    """Rotates one source every ROTATE_EVERY seconds on a thread: the steady load a real cluster
+    sees. A rotation the API server refuses (the outage) is counted and the next one tried."""
+
+    def __init__(self, k8s: Cluster, namespace: str, name: str) -> None:
+        self.k8s, self.namespace, self.name = k8s, namespace, name
+        self.sent = self.refused = 0
+        self.last = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(ROTATE_EVERY):  # a pace, not a wait for a condition
+            value = f"CANARY-steady-{self.sent + self.refused}"
+            try:
+                self.k8s.patch_secret(self.namespace, self.name, {"data": {"token": value}})
+            except (client.ApiException, OSError, urllib3.exceptions.HTTPError):
+                self.refused += 1
+                continue
+            self.sent += 1
+            self.last = value
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+@pytest.mark.long
+def test_the_dashboard_pictures_from_a_long_scenario(
+    prometheus_bin: Path,
+    chart_rules: Path,
+    start_controller: Any,
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    control_plane: ControlPlane,
+    canaries: Canaries,
+    tmp_path: Path,
+) -> None:
+    """Several minutes scraped every 2 s: steady rotations throughout, a burst, a conflict and
+    its resolution, an API server outage mid fan-out and its recovery. Each main panel is drawn
+    with the events marked, and shows the event it exists for (asserted on its range query)."""
+    # Quiet watches restart every 10-15 s, so the freshness panel's quiet level stays low and
+    # the outage stands out of it, under a stall threshold of a minute.
+    ctl: ControllerProcess = start_controller("--watch-timeout=10", "--informer-stall-after=60s")
+    prom = Prometheus(
+        prometheus_bin,
+        tmp_path / "prom",
+        [f"127.0.0.1:{ctl.port}"],
+        [chart_rules],
+        interval=SCRAPE,
+    )
+    events: list[pictures.Event] = []
+    rotator: Rotator | None = None
+    try:
+        eventually(
+            lambda: prom.query('up{job="projector"} == 1'), timeout=30, message="first scrape"
+        )
+        team = unique_name("steady")
+        src = make_namespace()
+        steady = [make_namespace(labels={"obs-team": team}) for _ in range(STEADY_TARGETS)]
+        burst = [make_namespace() for _ in range(BURST_TARGETS)]
+        k8s.source(src, "steady", {"token": "CANARY-steady-start"}, export_to="*")
+        for i in range(BURST_GRANTS):
+            k8s.source(src, f"burst-{i}", {"token": "CANARY-burst-0"}, export_to="*")
+        k8s.grant((src, "steady"), selector={"matchLabels": {"obs-team": team}})
+
+        def steady_holds() -> bool:
+            want = rotator.last if rotator and rotator.last else "CANARY-steady-start"
+            return all(k8s.copy_data(ns, "steady") == {"token": want} for ns in steady)
+
+        def burst_holds(value: str) -> bool:
+            return all(
+                k8s.copy_data(ns, f"burst-{i}") == {"token": value}
+                for ns in burst
+                for i in range(BURST_GRANTS)
+            )
+
+        def alive() -> bool:
+            return ctl.proc.poll() is None
+
+        eventually(steady_holds, timeout=60)
+        t0 = time.time()
+        rotator = Rotator(k8s, src, "steady")
+        support.consistently(alive, duration=HOLD)
+
+        # A burst: BURST_GRANTS grants at once (creates), then all their sources rotated (updates).
+        at = time.time() - t0
+        for i in range(BURST_GRANTS):
+            k8s.grant((src, f"burst-{i}"), namespaces=burst)
+        eventually(lambda: burst_holds("CANARY-burst-0"), timeout=120, interval=0.5)
+        for i in range(BURST_GRANTS):
+            k8s.patch_secret(src, f"burst-{i}", {"data": {"token": "CANARY-burst-1"}})
+        eventually(lambda: burst_holds("CANARY-burst-1"), timeout=120, interval=0.5)
+        events.append(pictures.Event(at, at, "burst"))
+        support.consistently(alive, duration=HOLD)
+
+        # A conflict: a namespace the steady grant selects already holds a Secret of that name.
+        at = time.time() - t0
+        clash = make_namespace()
+        k8s.core.create_namespaced_secret(
+            clash,
+            client.V1Secret(metadata=client.V1ObjectMeta(name="steady"), string_data={"k": "x"}),
+        )
+        k8s.core.patch_namespace(clash, {"metadata": {"labels": {"obs-team": team}}})
+        support.consistently(alive, duration=HOLD)
+        k8s.core.delete_namespaced_secret("steady", clash)  # resolved: the copy can be written
+        steady.append(clash)
+        eventually(steady_holds, timeout=60)
+        events.append(pictures.Event(at, time.time() - t0, "conflict"))
+        support.consistently(alive, duration=HOLD)
+
+        # An outage mid fan-out: the burst's sources rotated, then the API server stopped.
+        for i in range(BURST_GRANTS):
+            k8s.patch_secret(src, f"burst-{i}", {"data": {"token": "CANARY-burst-2"}})
+        at = time.time() - t0
+        with control_plane.apiserver_down():
+            support.consistently(alive, duration=OUTAGE)
+        events.append(pictures.Event(at, time.time() - t0, "API server down"))
+        eventually(lambda: burst_holds("CANARY-burst-2"), timeout=120, interval=0.5)
+        eventually(steady_holds, timeout=60)
+        support.consistently(alive, duration=HOLD)
+        rotator.stop()
+        end = time.time()
+        assert rotator.sent >= (end - t0 - OUTAGE) / ROTATE_EVERY / 2, "the rotations stalled"
+
+        # Prometheus has the last scrape; then every main panel over the whole scenario.
+        eventually(lambda: prom.query(f"timestamp(up) > {end}"), timeout=30, message="last scrape")
+        update = os.environ.get("PROJECTOR_UPDATE_DOCS") == "1"
+        docs = REPO / "docs" if update else tmp_path / "docs"
+        shown: dict[str, list[tuple[str, Any]]] = {}
+        for panel in dashboard.PANELS:
+            if panel.title not in pictures.MAIN:
+                continue
+            series = []
+            for q in panel.queries:
+                expr = q.expr.replace("$job", "projector").replace("$__rate_interval", RATE_WINDOW)
+                matrix = prom.query_range(expr, t0, end, SCRAPE)
+                _scan(canaries, "prometheus range results", matrix)
+                series.append((q.legend, matrix))
+            shown[panel.title] = series
+            out = docs / pictures.image(panel.title)
+            pictures.draw(
+                panel.title,
+                panel.unit,
+                series,
+                out,
+                heatmap=panel.heatmap,
+                t0=t0,
+                step=SCRAPE,
+                events=events,
+            )
+            assert out.stat().st_size > 1000
+    finally:
+        if rotator is not None:
+            rotator.stop()
+        prom.stop()
+    _each_panel_shows_its_event(shown, {e.label: e for e in events}, t0)
+
+
+def _peak(
+    series: list[tuple[str, Any]], start: float, end: float, t0: float, **labels: str
+) -> float:
+    """The largest value any of the panel's series took between start and end (scenario s)."""
+    top = 0.0
+    for _, matrix in series:
+        for s in matrix:
+            if any(s["metric"].get(k) != v for k, v in labels.items()):
+                continue
+            for t, v in s["values"]:
+                if start <= float(t) - t0 <= end and v != "NaN":
+                    top = max(top, float(v))
+    return top
+
+
+def _each_panel_shows_its_event(
+    shown: dict[str, list[tuple[str, Any]]], events: dict[str, pictures.Event], t0: float
+) -> None:
+    """What each picture is for, read back from its data: the event stands out of the quiet."""
+    burst, conflict, down = events["burst"], events["conflict"], events["API server down"]
+    quiet = (0.0, burst.start)  # steady rotations only
+    rate = shown["Projections per second"]
+    assert _peak(rate, burst.start, burst.start + 30, t0) > 3 * _peak(rate, *quiet, t0)
+    assert _peak(rate, *quiet, t0) > 0, "the steady rotations drew nothing"
+    queue = shown["Queue depth"]
+    assert _peak(queue, burst.start, burst.start + 30, t0) > _peak(queue, *quiet, t0)
+    clash = shown["Conflicts and denied namespaces"]
+    assert _peak(clash, conflict.start + 5, conflict.end - 5, t0, state="Conflict") >= 1
+    assert _peak(clash, conflict.end + 10, down.start, t0, state="Conflict") == 0
+    writes = shown["Writes by action and result"]
+    assert _peak(writes, burst.start, burst.start + 30, t0, action="Create") > 0
+    assert _peak(writes, down.start, down.end, t0, result="error") > 0
+    fresh = shown["Informer freshness (seconds since the server was last heard)"][:1]  # by kind
+    assert _peak(fresh, down.end - 4, down.end, t0) > _peak(fresh, *quiet, t0) + 5
+    late = shown["Projection latency (change observed -> copy written)"]
+    assert _peak(late, down.end, down.end + 30, t0) > _peak(late, *quiet, t0)

@@ -2,10 +2,10 @@
 
 `binaries()` runs ``tests/prometheus/build.sh`` (a no-op once cached) under its lock and returns
 the directory holding ``prometheus`` and ``promtool``. `Prometheus` runs one server on loopback
-with exemplar storage, scraping given targets every second and evaluating the project's rules
-every second; its HTTP API is the only interface used. `StallProxy` forwards TCP to the API
-server and, when frozen, stops moving bytes without closing anything: a silently stalled watch,
-as a broken middlebox produces it.
+with exemplar storage, scraping given targets and evaluating the project's rules every second
+(or every `interval` seconds); its HTTP API is the only interface used. `StallProxy` forwards
+TCP to the API server and, when frozen, stops moving bytes without closing anything: a
+silently stalled watch, as a broken middlebox produces it.
 """
 
 from __future__ import annotations
@@ -43,12 +43,20 @@ class Prometheus:
     """One Prometheus server on a loopback port; stop() ends it."""
 
     def __init__(
-        self, bin_dir: Path, workdir: Path, targets: Sequence[str], rule_files: Sequence[Path]
+        self,
+        bin_dir: Path,
+        workdir: Path,
+        targets: Sequence[str],
+        rule_files: Sequence[Path],
+        interval: float = 1.0,
     ) -> None:
         self.port = free_port()
         workdir.mkdir(parents=True, exist_ok=True)
         config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "global": {
+                "scrape_interval": f"{interval:g}s",
+                "evaluation_interval": f"{interval:g}s",
+            },
             "rule_files": [str(p) for p in rule_files],
             "scrape_configs": [
                 {"job_name": "projector", "static_configs": [{"targets": list(targets)}]}

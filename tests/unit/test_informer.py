@@ -15,7 +15,7 @@ import pytest
 import structlog.testing
 
 from projector.api import SECRETS, Api, Obj
-from projector.errors import Forbidden, Gone, ServerError
+from projector.errors import Forbidden, Gone, ServerError, TooManyRequests
 from projector.informer import Informer
 from projector.store import Cache, Kind, Spec
 
@@ -362,3 +362,47 @@ async def test_refusals_just_after_an_outage_keep_the_short_cap(
     assert [s for s, _ in retries] == [0, 403, 403, 403, 403]
     assert all(wait <= 0.01 for _, wait in retries), retries
     assert items(inf) == {"a": "x"}
+
+
+async def test_a_429_just_after_an_outage_waits_less_than_its_whole_second_of_retry_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A restarted server answers the first request for a custom resource with a 429 "storage
+    is (re)initializing", Retry-After 1 s, while that resource's cache fills (milliseconds):
+    part of the outage, so the informer retries sooner, doubling up to the Retry-After."""
+    import projector.informer as informer_module
+
+    monkeypatch.setattr(informer_module, "UNREACHABLE_RETRY_MAX", 0.01)
+    monkeypatch.setattr(informer_module, "WARMING_RETRY", 0.01)
+    kube = ScriptedKube()
+    kube.objects = {"a": obj("a", "5")}
+    starting = TooManyRequests(429, "TooManyRequests", "storage is (re)initializing", (), 1.0)
+    errors = [ServerError(0, "ClientConnectorError"), starting, starting, starting]
+    kube.page_errors = {(n, 0): e for n, e in enumerate(errors, start=1)}
+    fake: Api = kube  # type: ignore[assignment]
+    inf = Informer(fake, Cache(SPEC, lambda _o, _n: None), backoff=(0.005, 10.0))
+    with structlog.testing.capture_logs() as logs:
+        async with running(inf):
+            await asyncio.wait_for(kube.idle.wait(), 5)
+    retries = [(e["status"], e["retry_in"]) for e in logs if e["event"] == "watch failed; retrying"]
+    assert retries == [(0, 0.01), (429, 0.01), (429, 0.02), (429, 0.04)], retries
+    assert items(inf) == {"a": "x"}
+
+
+async def test_a_429_of_a_server_that_was_answering_waits_its_whole_retry_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not after an outage (the server answered the last request): Retry-After is the wait."""
+    import projector.informer as informer_module
+
+    monkeypatch.setattr(informer_module, "WARMING_RETRY", 0.01)
+    kube = ScriptedKube()
+    kube.objects = {"a": obj("a", "5")}
+    kube.page_errors = {(1, 0): TooManyRequests(429, "TooManyRequests", retry_after=0.05)}
+    fake: Api = kube  # type: ignore[assignment]
+    inf = Informer(fake, Cache(SPEC, lambda _o, _n: None), backoff=(0.005, 10.0))
+    with structlog.testing.capture_logs() as logs:
+        async with running(inf):
+            await asyncio.wait_for(kube.idle.wait(), 5)
+    retries = [(e["status"], e["retry_in"]) for e in logs if e["event"] == "watch failed; retrying"]
+    assert retries == [(429, 0.05)], retries

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -45,3 +47,17 @@ async def test_a_transport_failure_keeps_its_cause() -> None:
         await client.close()
     assert err.value.status == 0 and err.value.transient
     assert isinstance(err.value.__cause__, aiohttp.ClientError | OSError)
+
+
+def test_kr8s_credentials_load_without_the_rest_of_kr8s() -> None:
+    """The controller gets kr8s's KubeAuth, not its package (httpx, rich: 15 MiB of RSS), and a
+    later `import kr8s` still loads the whole real package."""
+    code = (
+        "import sys; import projector.kube as k; "
+        "assert 'httpx' not in sys.modules and 'kr8s' not in sys.modules, sorted(sys.modules); "
+        "import kr8s, kr8s._auth; "
+        "assert kr8s.__version__ and hasattr(kr8s, 'objects'); "
+        "assert k.KubeAuth.__name__ == 'KubeAuth'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr

@@ -983,3 +983,40 @@ def test_an_ignored_export_to_entry_is_never_matched() -> None:
     assert source.ignored_export_to == ("[!a]*", "-b*")
     assert source.export_to == ("dask",)
     assert [n for n in ("b", "team-x", "dask", "a") if source.exports_to(n)] == ["dask"]
+
+
+def test_copies_with_equal_metadata_share_one_object_and_equal_strings() -> None:
+    """10,000 copies of 1,000 grants keep 1,000 label and annotation maps, not 10,000."""
+    from projector.model import parse_copy
+
+    def raw(ns: str, uid: str) -> dict[str, object]:
+        return {
+            "metadata": {
+                "namespace": "".join(ns),  # a fresh string, as a decoded response has
+                "name": "".join(["co", "py"]),
+                "uid": uid,
+                "resourceVersion": "1",
+                "labels": {"projector.nebari.dev/grant": "g"},
+                "annotations": {"projector.nebari.dev/grant-uid": "".join(["u", "1"])},
+            },
+            "data": {"k": "dg=="},
+        }
+
+    a, b = parse_copy(raw("ns-a", "1")), parse_copy(raw("ns-b", "2"))
+    assert a.labels is b.labels and a.annotations is b.annotations
+    assert a.labels == {"projector.nebari.dev/grant": "g"}
+    assert a.key.name is b.key.name and a.observed_hash is b.observed_hash
+    c = parse_copy({**raw("ns-c", "3"), "data": {"k": "dw=="}})
+    assert c.observed_hash != a.observed_hash and c.annotations is a.annotations
+    other = parse_copy(
+        {**raw("ns-a", "4"), "metadata": {**raw("ns-a", "4")["metadata"], "labels": {}}}  # type: ignore[dict-item]
+    )
+    assert other.labels == {} and other.labels is not a.labels
+
+
+def test_a_grant_records_status_is_kept_equal_with_its_strings_interned() -> None:
+    from projector.model import interned
+
+    status = {"conditions": [{"type": "".join(["Re", "ady"]), "observedGeneration": 2}], "x": []}
+    out = interned(status)
+    assert out == status and out["conditions"][0]["type"] is "Ready"  # noqa: F632

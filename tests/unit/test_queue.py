@@ -21,6 +21,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from projector.config import Config
 from projector.queue import QueueShutDown, WorkQueue
 
 
@@ -798,3 +799,31 @@ def test_a_capped_retry_backs_off_no_further_than_its_cap() -> None:
     assert q.failing() == 1
     q.forget("k")
     assert q.failing() == 0
+
+
+async def test_writes_per_burst_at_the_default_windows() -> None:
+    """The burst benchmark's arithmetic, at the defaults in milliseconds (50 ms, 0.5 s, 8 s).
+
+    DESIGN's burst (1,000 updates in 1 s) runs twice; the benchmark's, 1,000 updates over 25 s
+    (one every 25 ms, as fast as its PATCHes go on a loaded machine), runs 7 times by design:
+    windows of 0.5, 1, 2, 4 and 8 s (5 runs in 15.5 s), then one per 8 s, then the last one,
+    after 0.5 s of quiet.
+    """
+    defaults = Config()
+    ms = {
+        "debounce": defaults.debounce * 1000,
+        "debounce_max": defaults.debounce_max * 1000,
+        "debounce_hot_max": defaults.debounce_hot_max * 1000,
+    }
+    queue, clock, _ = make(**ms)
+    assert await releases(queue, clock, range(1000), quiet=1000) == [500, 1499]
+    queue, clock, _ = make(**ms)
+    assert await releases(queue, clock, range(0, 25_000, 25), quiet=1000) == [
+        500,
+        1500,
+        3500,
+        7500,
+        15500,
+        23500,
+        25475,
+    ]

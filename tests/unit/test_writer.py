@@ -7,8 +7,10 @@ status the writer can meet, including those a test cannot make a real server pro
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
+import orjson
 import pytest
 
 from projector.api import EVENTS, GRANTS, SECRETS
@@ -23,11 +25,12 @@ from projector.errors import (
     TooManyRequests,
 )
 from projector.metrics import Metrics
-from projector.model import Copy
+from projector.model import Copy, ObjectKey, SourceKind, parse_copy
 from projector.reconcile import Action, Plan, Reason, plan
-from projector.writer import MAX_RETRY_AFTER, Writer, retry_delay
+from projector.writer import MAX_RETRY_AFTER, Writer, _Bodies, _Budget, retry_delay
 from tests.unit.factories import (
     SRC_NAME,
+    SRC_NS,
     copy_from,
     desired_of,
     make_grant,
@@ -434,3 +437,115 @@ async def test_a_fan_out_cancelled_as_its_fence_closes_ends_cancelled_not_fenced
     task.cancel()  # the term ends while the TaskGroup is still cancelling the other writes
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def _turn() -> None:
+    await asyncio.sleep(0)  # allowed-sleep: one loop turn, so a task reaches its first await
+
+
+async def test_the_byte_budget_lets_what_fits_through_and_wakes_waiters_in_order() -> None:
+    budget = _Budget(100)
+    assert await budget.acquire(60) == 60
+    big = asyncio.create_task(budget.acquire(500))  # over the limit: waits to be alone
+    small = asyncio.create_task(budget.acquire(30))
+    await _turn()
+    assert not big.done() and small.done()  # what fits goes at once, as with a condition
+    budget.release(60)
+    await _turn()
+    assert not big.done()  # 30 still in flight
+    budget.release(await small)
+    assert await big == 100
+
+
+async def test_a_cancelled_byte_budget_waiter_holds_nothing() -> None:
+    budget = _Budget(100)
+    await budget.acquire(100)
+    waiting = asyncio.create_task(budget.acquire(50))
+    await _turn()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    budget.release(100)
+    granted = asyncio.create_task(budget.acquire(80))
+    await _turn()
+    assert await granted == 80
+    # Granted, then cancelled before it ran: the bytes go back.
+    late = asyncio.create_task(budget.acquire(50))
+    await _turn()
+    budget.release(80)  # grants `late` its 50...
+    late.cancel()  # ...and it is cancelled before it resumes
+    with pytest.raises(asyncio.CancelledError):
+        await late
+    assert budget._used == 0
+
+
+class FencedAlone(FakeApi):
+    async def create(self, res: Any, body: Any, **kw: Any) -> Any:
+        raise Fenced("no valid lease")
+
+
+class Hanging(FakeApi):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent = asyncio.Event()
+
+    async def create(self, res: Any, body: Any, **kw: Any) -> Any:
+        self.sent.set()
+        await asyncio.Event().wait()  # in flight until cancelled
+
+
+async def test_a_lone_write_raises_its_error_and_ends_cancelled_when_cancelled() -> None:
+    """One copy is written in the reconcile's own task: its error and cancellation are it."""
+    grant = make_grant(name="one", namespaces=("n0",))
+    one = plan(make_snapshot(grant, S, namespaces=namespaces("n0")))
+    with pytest.raises(Fenced):
+        await Writer(FencedAlone(), metrics=Metrics()).execute(one)
+    api = Hanging()
+    task = asyncio.create_task(Writer(api, metrics=Metrics()).execute(one))
+    await api.sent.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+@pytest.mark.parametrize("kind", ["Secret", "ConfigMap"])
+@pytest.mark.parametrize("grant_metadata", [False, True], ids=["plain-grant", "grant-metadata"])
+@pytest.mark.parametrize(
+    "edits",
+    [
+        {},
+        {"labels": {"team": "x"}},
+        {"annotations": {"note": "kept"}},
+    ],
+    ids=["ours-only", "foreign-label", "foreign-annotation"],
+)
+def test_a_copys_body_is_its_manifest_whatever_path_builds_it(
+    kind: str, grant_metadata: bool, edits: dict[str, Any]
+) -> None:
+    """The body serialized once per plan is byte for byte what the manifest path would send,
+    as JSON: for a create, and for a PUT of a stored copy with or without others' metadata."""
+    grant = (
+        make_grant(labels={"tier": "web"}, annotations={"a": "b"})
+        if grant_metadata
+        else make_grant()
+    )
+    source = make_source(data={"k": "dg=="})
+    if kind == "ConfigMap":
+        cm = SourceKind.CONFIG_MAP
+        grant = dataclasses.replace(grant, source=ObjectKey(SRC_NS, SRC_NAME, cm))
+        source = dataclasses.replace(
+            source, key=ObjectKey(SRC_NS, SRC_NAME, cm), type="", binary_data={"b": "AA=="}
+        )
+    desired = desired_of(grant, source)
+    bodies = _Bodies(desired)
+    assert orjson.loads(bodies.body("n1")) == desired.manifest("n1")
+    manifest = desired.manifest("n1")
+    meta: dict[str, Any] = dict(manifest["metadata"])  # type: ignore[call-overload]
+    meta["labels"] = {**meta["labels"], **edits.get("labels", {})}
+    meta["annotations"] = {**meta["annotations"], **edits.get("annotations", {})}
+    meta |= {"uid": "uid-copy", "resourceVersion": "7"}
+    stored = parse_copy({**manifest, "metadata": meta}, desired.kind)
+    got = orjson.loads(bodies.body("n1", "42", keep=stored))
+    assert got == desired.manifest("n1", "42", keep=stored)
+    kept = {**edits.get("labels", {}), **edits.get("annotations", {})}
+    assert all(k in got["metadata"]["labels"] or k in got["metadata"]["annotations"] for k in kept)
