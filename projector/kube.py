@@ -2,11 +2,12 @@
 
 kr8s gives what it is good at, configuration and authentication (kubeconfig, in-cluster
 config, exec and OIDC token refresh); its credentials (server, SSL context, bearer token) are
-handed to one aiohttp session with a bounded connection pool, reused by every request. On top
-of it this module adds what a controller needs: watches with bookmarks, server timeouts and a
-client read deadline, metadata-only reads, PUT with optimistic concurrency, deletes with
-preconditions, a client-side rate limit (qps/burst), and status codes mapped to
-`projector.errors` by this module itself, so that nothing above it knows aiohttp or kr8s exist.
+handed to one aiohttp session with a bounded connection pool, reused by every request. The
+requests themselves (watches with bookmarks, metadata-only reads, PUT with optimistic
+concurrency, deletes with preconditions) are shaped by `projector.api.Api`; this module carries
+them, adding what a controller needs: timeouts and a watch's read deadline, a client-side rate
+limit (qps/burst), and status codes mapped to `projector.errors` by this module itself, so that
+nothing above it knows aiohttp or kr8s exist.
 
 An error answers one request and nothing else: it never closes the session, so other requests
 and every watch carry on; the error it raises chains the transport's own (`raise ... from`).
@@ -40,14 +41,13 @@ import structlog
 from yarl import URL
 
 from projector import __version__, wire
-from projector.api import ANY, Obj, Precondition, Resource, collect
+from projector.api import Api, Obj, Request, Resource
 from projector.connection import IDLE_RECYCLE, POOL, TokenBucket, tcp_socket
 from projector.errors import (
     AuthenticationFailed,
     ProjectorError,
     ServerError,
 )
-from projector.model import FIELD_MANAGER
 
 log = structlog.get_logger("projector.kube")
 
@@ -80,16 +80,13 @@ KubeAuth: Any = _kr8s_auth().KubeAuth
 REAUTH_BACKOFF = (1.0, 60.0)
 """After a failed re-authentication, seconds before the next may be tried: doubling, capped."""
 
-_JSON = "application/json"
-_METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
-_METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 RequestHook = Callable[[str, str, int, float], None]
 """Called after each request with (verb, resource plural, status code (0 = no response),
 seconds it took; a watch's seconds are those until its response headers)."""
 
 
-class Kube:
-    """The `projector.api.Api` over one aiohttp session (plus `patch`, for benchmarks)."""
+class Kube(Api):
+    """`projector.api.Api`'s requests, carried over one aiohttp session."""
 
     def __init__(
         self,
@@ -178,26 +175,15 @@ class Kube:
             self._header_cache[key] = headers
         return headers
 
-    async def _request(
-        self,
-        verb: str,
-        method: str,
-        res: Resource,
-        *,
-        namespace: str | None = None,
-        name: str | None = None,
-        subresource: str | None = None,
-        params: Mapping[str, str] | None = None,
-        body: Obj | bytes | None = None,
-        content_type: str = _JSON,
-        accept: str = _JSON,
-    ) -> Obj:
+    async def send(self, req: Request) -> Obj:
+        """Send one request: rate-limited, fenced if a write, re-authenticated once on a 401."""
         await self._limit.acquire()
-        url = self._url(res, namespace, name, subresource)
+        url = self._url(req.res, req.namespace, req.name, req.subresource)
+        body = req.body
         data = body if body is None or isinstance(body, bytes) else orjson.dumps(body)
         for attempt in (1, 2):
             timeout = self._timeout
-            if self._fence is not None and method != "GET":
+            if self._fence is not None and req.method != "GET":
                 # Checked again here, after the rate limit, and no connection may be waited
                 # for past the lease: a write is sent while the lease is valid, or never.
                 timeout = aiohttp.ClientTimeout(
@@ -209,20 +195,20 @@ class Kube:
             started = time.monotonic()
             try:
                 async with self._session.request(
-                    method,
+                    req.method,
                     url,
-                    params=params,
+                    params=req.query or None,
                     data=data,
-                    headers=self._headers(content_type, accept),
+                    headers=self._headers(req.content_type, req.accept),
                     timeout=timeout,
                     server_hostname=self._server_name,
                 ) as response:
                     status, raw = response.status, await wire.read_body(response)
                     retry_after = response.headers.get("Retry-After")
             except (aiohttp.ClientError, TimeoutError, OSError) as e:
-                self._record(verb, res, 0, started)
+                self._record(req.verb, req.res, 0, started)
                 raise ServerError(0, type(e).__name__, str(e) or "no response") from e
-            self._record(verb, res, status, started)
+            self._record(req.verb, req.res, status, started)
             if status == 401 and attempt == 1:
                 await self._reauthenticate()
                 continue
@@ -263,90 +249,26 @@ class Kube:
         self._reauth_failures = 0
         self._reauth_not_before = 0.0
 
-    async def pages(
-        self,
-        res: Resource,
-        *,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        metadata_only: bool = False,
-        limit: int = 500,
-    ) -> AsyncGenerator[tuple[list[Obj], str], None]:
-        """Yield a list one page at a time: (the page's items, the list's resourceVersion).
-
-        One request per page (`limit`, then `continue`), and nothing of a page is kept once
-        the next one is asked for, so a list costs one page of memory, not the whole list.
-        A continue token that expired mid-list raises `Gone`: the caller starts over, since
-        what it saw of a list it could not finish is no evidence of what is gone.
-        """
-        params = {"limit": str(limit)}
-        if label_selector:
-            params["labelSelector"] = label_selector
-        while True:
-            out = await self._request(
-                "LIST",
-                "GET",
-                res,
-                namespace=namespace,
-                params=params,
-                accept=_METADATA_LIST if metadata_only else _JSON,
-            )
-            meta = out.get("metadata") or {}
-            if not str(out.get("kind", "")).endswith("List") or not meta.get("resourceVersion"):
-                raise wire.incomplete(f"a {res.kind} list")  # never "nothing is there"
-            page: list[Obj] = out.get("items") or []  # an empty list may say `"items": null`
-            del out
-            yield page, str(meta["resourceVersion"])
-            del page  # the caller is done with it: not alive while the next page arrives
-            if not meta.get("continue"):
-                return
-            params["continue"] = meta["continue"]
-
-    async def list(self, res: Resource, **pages: Any) -> tuple[list[Obj], str]:
-        """Every object at once, and the list's resourceVersion (`pages`' keyword arguments).
-
-        For tools and benchmarks: the controller reads lists with `pages`.
-        """
-        return await collect(self.pages(res, **pages))
-
-    async def watch(
-        self,
-        res: Resource,
-        *,
-        resource_version: str,
-        label_selector: str | None = None,
-        timeout_seconds: int = 300,
-        read_deadline: float = 60.0,
+    async def stream(
+        self, req: Request, read_deadline: float
     ) -> AsyncGenerator[tuple[str, Obj], None]:
-        """Yield (type, object) from one watch request, BOOKMARKs included, until it ends.
+        """Yield a watch's events as its lines arrive, after ("OPEN", {}) once it is accepted.
 
-        The first item is ("OPEN", {}) once the server has accepted the watch.
-
-        The server ends the watch after `timeoutSeconds`; a connection that goes silent for
-        `read_deadline` seconds (bookmarks arrive about every minute) raises instead of hanging,
-        so a stalled watch is always detected. A 410 raises `Gone`: the caller must relist.
-        Events are split on newlines here, so an event of any size (a 1 MiB Secret) is read.
+        A 401 re-authenticates and raises: the informer retries with the new token. Events are
+        split on newlines here, so an event of any size (a 1 MiB Secret) is read.
         """
-        params = {
-            "watch": "true",
-            "resourceVersion": resource_version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(timeout_seconds),
-        }
-        if label_selector:
-            params["labelSelector"] = label_selector
         timeout = aiohttp.ClientTimeout(sock_connect=self._connect_timeout, sock_read=read_deadline)
         await self._limit.acquire()
         started = time.monotonic()
         try:
             async with self._session.get(
-                self._url(res),
-                params=params,
-                headers=self._headers(_JSON, _JSON),
+                self._url(req.res, req.namespace, req.name, req.subresource),
+                params=req.query,
+                headers=self._headers(req.content_type, req.accept),
                 timeout=timeout,
                 server_hostname=self._server_name,
             ) as response:
-                self._record("WATCH", res, response.status, started)
+                self._record(req.verb, req.res, response.status, started)
                 if response.status >= 400:
                     raw = await response.read()
                     if response.status == 401:
@@ -357,107 +279,8 @@ class Kube:
                     yield event
                     del event  # not alive while the next event is read
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            self._record("WATCH", res, 0, started)
+            self._record(req.verb, req.res, 0, started)
             raise ServerError(0, type(e).__name__, str(e) or "watch connection lost") from e
-
-    async def get(
-        self, res: Resource, name: str, *, namespace: str | None = None, metadata_only: bool = False
-    ) -> Obj:
-        """Read one object; metadata-only never transfers a Secret's data."""
-        accept = _METADATA_ONLY if metadata_only else _JSON
-        out = await self._request("GET", "GET", res, namespace=namespace, name=name, accept=accept)
-        return wire.whole(out, res)
-
-    async def create(
-        self,
-        res: Resource,
-        body: Obj | bytes,
-        *,
-        namespace: str | None = None,
-        metadata_only: bool = False,
-    ) -> Obj:
-        """POST a new object (409 AlreadyExists if the name is taken).
-
-        `metadata_only` asks the server to answer with the object's metadata alone: a copy
-        written is not sent back to us whole (1 MiB per copy of a 1 MiB Secret).
-        """
-        params = {"fieldManager": FIELD_MANAGER}
-        accept = _METADATA_ONLY if metadata_only else _JSON
-        return await self._request(
-            "CREATE", "POST", res, namespace=namespace, params=params, body=body, accept=accept
-        )
-
-    async def replace(
-        self,
-        res: Resource,
-        body: Obj | bytes,
-        *,
-        namespace: str | None = None,
-        name: str | None = None,
-        metadata_only: bool = False,
-    ) -> Obj:
-        """PUT the whole object; its metadata.resourceVersion makes a stale write fail with 409."""
-        params = {"fieldManager": FIELD_MANAGER}
-        if name is None:
-            assert isinstance(body, dict), "an encoded body needs its name"
-            name = str(body["metadata"]["name"])
-        accept = _METADATA_ONLY if metadata_only else _JSON
-        return await self._request(
-            "UPDATE",
-            "PUT",
-            res,
-            namespace=namespace,
-            name=name,
-            params=params,
-            body=body,
-            accept=accept,
-        )
-
-    async def delete(
-        self, res: Resource, name: str, *, namespace: str | None = None, only_if: Precondition = ANY
-    ) -> None:
-        """DELETE, only if the object is still the one we decided about (uid/rv preconditions)."""
-        body = only_if.options()
-        await self._request("DELETE", "DELETE", res, namespace=namespace, name=name, body=body)
-
-    async def patch(
-        self, res: Resource, name: str, body: Obj, *, namespace: str | None = None
-    ) -> Obj:
-        """Merge-patch an object (no resourceVersion: last writer wins)."""
-        return await self._request(
-            "PATCH",
-            "PATCH",
-            res,
-            namespace=namespace,
-            name=name,
-            body=body,
-            content_type="application/merge-patch+json",
-        )
-
-    async def patch_status(self, res: Resource, name: str, status: Obj) -> Obj:
-        """Merge-patch the status subresource (one write per reconcile)."""
-        return await self._request(
-            "PATCH",
-            "PATCH",
-            res,
-            name=name,
-            subresource="status",
-            body={"status": status},
-            content_type="application/merge-patch+json",
-        )
-
-    async def apply(self, res: Resource, body: Obj, *, namespace: str, field_manager: str) -> Obj:
-        """Server-side apply (JSON is YAML): `field_manager` then owns exactly the fields sent."""
-        return await self._request(
-            "PATCH",
-            "PATCH",
-            res,
-            namespace=namespace,
-            name=str(body["metadata"]["name"]),
-            params={"fieldManager": field_manager, "force": "true"},
-            body=body,
-            content_type="application/apply-patch+yaml",
-        )
 
     async def close(self) -> None:
         """Close the HTTP session."""

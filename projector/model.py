@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple, NewType
 
+from projector.names import FIELD_MANAGER as FIELD_MANAGER
+
 GROUP = "projector.nebari.dev"
 VERSION = "v1alpha1"
 PREFIX = f"{GROUP}/"
@@ -39,8 +41,6 @@ removes from the grant are removed from the copies too, while keys other tools a
 MAX_ANNOTATION_VALUE = 2048
 """Of a grant's extra annotation values (as the CRD says): 64 of them stay well within the API
 server's 256 KiB of metadata on a copy, which would otherwise refuse every copy write."""
-FIELD_MANAGER = "projector"
-"""The field manager of every write, and part of the ownership proof of a copy."""
 
 Uid = NewType("Uid", str)
 """An object's metadata.uid: the only identity that cannot be spoofed by relabelling."""

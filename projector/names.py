@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import re
 
+FIELD_MANAGER = "projector"
+"""The field manager of every write (`projector.api`), and part of a copy's ownership proof
+(`projector.model`)."""
+
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}")

@@ -1,7 +1,6 @@
 """The API server's answers, read: bodies, watch event lines, errors from Status objects.
 
 Pure but for reading the response stream; the client (`kube`) sends, this reads what came back.
-A 200 whose object lacks its metadata is an error here, never evidence of anything.
 """
 
 from __future__ import annotations
@@ -12,25 +11,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from projector.api import Obj, Resource
+from projector.api import Obj
 from projector.errors import ApiError, ServerError, api_error
-
-
-def incomplete(what: str) -> ServerError:
-    """The error for a 200 whose object came back without its metadata."""
-    return ServerError(0, "IncompleteResponse", f"{what} came back without its metadata")
-
-
-def whole(obj: Obj, res: Resource) -> Obj:
-    """An object read back, checked to say what it is.
-
-    A 200 with an empty or partial body is an error (retried, never acted on), not evidence
-    that the object lacks labels or data: the seed's outage began with such a "success".
-    """
-    meta = obj.get("metadata") or {}
-    if not meta.get("name") or not meta.get("uid"):
-        raise incomplete(f"a {res.kind}")
-    return obj
 
 
 async def read_body(response: aiohttp.ClientResponse) -> bytearray:

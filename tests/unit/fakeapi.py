@@ -1,4 +1,6 @@
-"""A small in-memory double of `projector.api.Api`, for unit tests of error handling only.
+"""A small in-memory transport for `projector.api.Api`, for unit tests of error handling only.
+
+`Api` shapes each call exactly as for the real API server; this answers the request.
 
 It keeps objects with uids and resourceVersions, honours create/replace/delete preconditions
 the way the API server does (AlreadyExists, stale resourceVersion, uid precondition), and
@@ -17,15 +19,16 @@ from typing import Any
 
 import orjson
 
-from projector.api import ANY, Obj, Precondition, Resource, collect
+from projector.api import APPLY_PATCH, Api, Obj, Precondition, Request, Resource
 from projector.errors import ApiError, Conflict, NotFound
 
 Key = tuple[str, str, str]
 """(plural, namespace, name)"""
 
 
-class FakeApi:
-    """Objects by (plural, namespace, name); `fail(verb, error)` scripts the next failures."""
+class FakeApi(Api):
+    """`Api`'s requests answered from objects by (plural, namespace, name); `fail(verb, error)`
+    scripts the next failures."""
 
     def __init__(self) -> None:
         self.objects: dict[Key, Obj] = {}
@@ -34,6 +37,8 @@ class FakeApi:
         self._errors: defaultdict[str, list[ApiError | None]] = defaultdict(list)
         self._rv = itertools.count(100)
         self._uid = itertools.count(1)
+        self._lists: dict[str, list[Key]] = {}
+        """The keys a list matched, by its resourceVersion (a continue token names both)."""
 
     def fail(self, verb: str, *errors: ApiError | None) -> None:
         """Raise `errors`, one per call, on the next calls of `verb` (GET, CREATE, ...).
@@ -61,103 +66,86 @@ class FakeApi:
             raise NotFound(404, "NotFound", f'{res.plural} "{name}" not found')
         return obj
 
-    # Each call takes the keywords of `Api`'s that it uses; the rest (timeouts, the shape of
-    # the answer) mean nothing in memory and are taken as `**_`.
+    async def send(self, req: Request) -> Obj:
+        """Answer one request as the API server would, after counting it (and maybe failing it).
 
-    async def pages(
-        self,
-        res: Resource,
-        *,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        limit: int = 500,
-        **_: object,
-    ) -> AsyncGenerator[tuple[list[Obj], str], None]:
-        """One LIST call per page of `limit` (whole objects, even when metadata alone is asked).
-
-        An error scripted for a later call fails the list midway (`Gone`: the continue token
-        expired).
+        Timeouts and the shape of an answer (metadata alone) mean nothing in memory: a write
+        is always answered whole, and so is a list.
         """
-        want = dict(p.split("=", 1) for p in (label_selector or "").split(",") if p)
-        keys = sorted(
-            key
-            for key, o in self.objects.items()
-            if key[0] == res.plural
-            and (namespace is None or key[1] == namespace)
-            and all((o["metadata"].get("labels") or {}).get(k) == v for k, v in want.items())
-        )
-        rv = str(next(self._rv))
-        for start in range(0, max(len(keys), 1), limit):
-            self._call("LIST", res)
-            page = keys[start : start + limit]
-            yield [copy.deepcopy(self.objects[k]) for k in page if k in self.objects], rv
-
-    async def list(self, res: Resource, **kw: Any) -> tuple[list[Obj], str]:
-        """Every page at once (for assertions)."""
-        return await collect(self.pages(res, **kw))
-
-    async def watch(self, res: Resource, **_: object) -> AsyncGenerator[tuple[str, Obj], None]:
-        self._call("WATCH", res)
-        yield "OPEN", {}
-        await asyncio.Event().wait()  # a quiet watch
-
-    async def get(
-        self, res: Resource, name: str, *, namespace: str | None = None, metadata_only: bool = False
-    ) -> Obj:
-        self._call("GET", res, name)
-        obj = copy.deepcopy(self._get(res, namespace, name))
-        return {"metadata": obj["metadata"]} if metadata_only else obj
-
-    def _write(self, verb: str, res: Resource, body: Obj | bytes) -> tuple[Obj, str]:
-        """The body decoded, and its name, once the call is counted (and maybe failed)."""
-        body = orjson.loads(body) if isinstance(body, bytes) else body
-        name = str(body["metadata"]["name"])
-        self._call(verb, res, name)
-        return body, name
-
-    async def create(
-        self, res: Resource, body: Obj | bytes, *, namespace: str | None = None, **_: object
-    ) -> Obj:
-        body, name = self._write("CREATE", res, body)
-        if (res.plural, namespace or "", name) in self.objects:
-            raise Conflict(409, "AlreadyExists", f'{res.plural} "{name}" already exists')
-        obj = copy.deepcopy(body)
-        obj["metadata"]["namespace"] = namespace or ""
-        return copy.deepcopy(self.add(res, obj))
-
-    async def replace(
-        self, res: Resource, body: Obj | bytes, *, namespace: str | None = None, **_: object
-    ) -> Obj:
-        body, name = self._write("UPDATE", res, body)
+        body = orjson.loads(req.body) if isinstance(req.body, bytes) else req.body
+        name = req.name or (str(body["metadata"]["name"]) if body else "")
+        verb = req.verb
+        if req.subresource == "status":
+            verb = "PATCH_STATUS"
+        elif req.content_type == APPLY_PATCH:
+            verb = "APPLY"
+        self._call(verb, req.res, name)
+        res, namespace, query = req.res, req.namespace, dict(req.query)
+        if verb == "LIST":
+            return self._page(res, namespace, query)
+        if verb == "GET":
+            obj = copy.deepcopy(self._get(res, namespace, name))
+            return {"metadata": obj["metadata"]} if "PartialObjectMetadata" in req.accept else obj
+        assert body is not None, f"{verb} without a body"
+        if verb == "CREATE":
+            if (res.plural, namespace or "", name) in self.objects:
+                raise Conflict(409, "AlreadyExists", f'{res.plural} "{name}" already exists')
+            obj = copy.deepcopy(body)
+            obj["metadata"]["namespace"] = namespace or ""
+            return copy.deepcopy(self.add(res, obj))
         old = self._get(res, namespace, name)
-        if body["metadata"].get("resourceVersion") != old["metadata"]["resourceVersion"]:
-            raise Conflict(409, "Conflict", "the object has been modified")
-        obj = copy.deepcopy(body)
-        obj["metadata"] |= {"uid": old["metadata"]["uid"], "namespace": namespace or ""}
-        self.objects[res.plural, namespace or "", name] = obj
-        obj["metadata"]["resourceVersion"] = str(next(self._rv))
-        return copy.deepcopy(obj)
+        if verb == "DELETE":
+            pre = body.get("preconditions", {})
+            if not Precondition(pre.get("uid", ""), pre.get("resourceVersion", "")).holds(
+                old["metadata"]
+            ):
+                raise Conflict(409, "Conflict", "precondition failed")
+            del self.objects[res.plural, namespace or "", name]
+            return {}
+        if verb == "UPDATE":
+            if body["metadata"].get("resourceVersion") != old["metadata"]["resourceVersion"]:
+                raise Conflict(409, "Conflict", "the object has been modified")
+            obj = copy.deepcopy(body)
+            obj["metadata"] |= {"uid": old["metadata"]["uid"], "namespace": namespace or ""}
+            self.objects[res.plural, namespace or "", name] = old = obj
+        elif verb == "PATCH_STATUS":
+            old["status"] = copy.deepcopy(body["status"])
+            return copy.deepcopy(old)
+        else:  # APPLY, or a merge patch
+            _merge(old, copy.deepcopy(body))
+        old["metadata"]["resourceVersion"] = str(next(self._rv))
+        return copy.deepcopy(old)
 
-    async def delete(
-        self, res: Resource, name: str, *, namespace: str | None = None, only_if: Precondition = ANY
-    ) -> None:
-        self._call("DELETE", res, name)
-        if not only_if.holds(self._get(res, namespace, name)["metadata"]):
-            raise Conflict(409, "Conflict", "precondition failed")
-        del self.objects[res.plural, namespace or "", name]
+    def _page(self, res: Resource, namespace: str | None, query: dict[str, str]) -> Obj:
+        """One page of a list: the keys matched on the first page, `limit` at a time."""
+        limit = int(query["limit"])
+        if "continue" in query:
+            rv, start = query["continue"].split(":")
+            keys = self._lists[rv]
+        else:
+            want = dict(p.split("=", 1) for p in query.get("labelSelector", "").split(",") if p)
+            keys = sorted(
+                key
+                for key, o in self.objects.items()
+                if key[0] == res.plural
+                and (namespace is None or key[1] == namespace)
+                and all((o["metadata"].get("labels") or {}).get(k) == v for k, v in want.items())
+            )
+            rv, start = str(next(self._rv)), "0"
+            self._lists[rv] = keys
+        end = int(start) + limit
+        meta = {"resourceVersion": rv} | ({"continue": f"{rv}:{end}"} if end < len(keys) else {})
+        page = (copy.deepcopy(self.objects[k]) for k in keys[int(start) : end] if k in self.objects)
+        items = list(page)
+        return {"kind": f"{res.kind}List", "metadata": meta, "items": items}
 
-    async def patch_status(self, res: Resource, name: str, status: Obj) -> Obj:
-        self._call("PATCH_STATUS", res, name)
-        obj = self._get(res, None, name)
-        obj["status"] = copy.deepcopy(status)
-        return copy.deepcopy(obj)
-
-    async def apply(self, res: Resource, body: Obj, *, namespace: str, field_manager: str) -> Obj:
-        body, name = self._write("APPLY", res, body)
-        obj = self._get(res, namespace, name)
-        _merge(obj, copy.deepcopy(body))
-        obj["metadata"]["resourceVersion"] = str(next(self._rv))
-        return copy.deepcopy(obj)
+    async def stream(
+        self, req: Request, read_deadline: float
+    ) -> AsyncGenerator[tuple[str, Obj], None]:
+        """A quiet watch."""
+        self._call("WATCH", req.res)
+        yield "OPEN", {}
+        await asyncio.Event().wait()
 
     def get_object(self, res: Resource, namespace: str, name: str) -> dict[str, Any] | None:
         """The stored object, for assertions."""

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from projector import kube, wire
+from projector import api, kube
 from projector.api import SECRETS
 from projector.errors import ServerError
 from tests.controlplane.plane import free_port
@@ -27,13 +27,13 @@ from tests.controlplane.plane import free_port
 def test_a_read_that_succeeds_with_nothing_in_it_is_an_error(body: dict[str, Any]) -> None:
     """A 200 without the object's name and uid is never taken as "not exported" (seed outage)."""
     with pytest.raises(ServerError) as err:
-        wire.whole(body, SECRETS)
+        api.whole(body, SECRETS)
     assert err.value.transient
 
 
 def test_a_read_with_name_and_uid_is_the_object() -> None:
     body = {"metadata": {"name": "s", "uid": "u"}}
-    assert wire.whole(body, SECRETS) is body
+    assert api.whole(body, SECRETS) is body
 
 
 async def test_a_transport_failure_keeps_its_cause() -> None:
