@@ -113,7 +113,9 @@ class Elector:
         self.terms = 0
         """Leadership terms won so far."""
         self._nudged = asyncio.Event()
-        self._last_error: BaseException | None = None
+        self._outage = False
+        """A campaign attempt found the server unreachable, and none since found the Lease held
+        by another replica: the refusals and 5xx of a server warming up still count as it."""
 
     def valid_for(self) -> float:
         """The fence: seconds this replica's lease stays valid; `Fenced` if it holds none now."""
@@ -124,7 +126,7 @@ class Elector:
 
     def nudge(self) -> None:
         """The API server answered again: a campaign waiting out an outage tries at once."""
-        if not self.leading.is_set() and _unreachable(self._last_error):
+        if not self.leading.is_set() and self._outage:
             self._nudged.set()
 
     async def run(self) -> None:
@@ -188,7 +190,10 @@ class Elector:
 
         def hook(state: RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome is not None else None
-            self._last_error = error
+            if _unreachable(error):
+                self._outage = True
+            elif isinstance(error, Held):
+                self._outage = False
             if what == "renew":
                 self._metrics.lease_renew_failed()
             if isinstance(error, Held):
@@ -211,7 +216,7 @@ class Elector:
                 await self._nudged.wait()
 
     def _won(self) -> None:
-        self._last_error = None
+        self._outage = False
         self.terms += 1
         self.following.clear()
         self.leading.set()

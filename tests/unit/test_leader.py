@@ -150,6 +150,34 @@ async def test_a_takeover_loses_to_a_renewal_that_lands_between_its_read_and_wri
     assert lease(api)["leaseTransitions"] == 0
 
 
+async def test_a_nudge_counts_while_a_server_back_from_an_outage_still_answers_5xx() -> None:
+    """A server just back answers, but with 5xx (or refusals) while it warms up; the campaign
+    failed on one of those last, and a nudge must still end its wait: the outage began it."""
+    api = FakeApi()
+    timings = Timings(lease_duration=300, renew_deadline=200, retry_period=100)
+    a = elector(api, "a", timings=timings)
+    errors = [ServerError(0, "ClientConnectorError"), ServerError(503, "ServiceUnavailable")]
+    original = api.get
+    failed = asyncio.Event()
+
+    async def get(*args: Any, **kw: Any) -> Any:
+        if errors:
+            failed.set()
+            raise errors.pop(0)
+        return await original(*args, **kw)
+
+    api.get = get  # type: ignore[method-assign]
+    async with campaigning(a), asyncio.timeout(5):
+        for _ in range(2):  # each failed attempt is followed by a 100 s wait, then a nudge
+            await failed.wait()
+            failed.clear()
+            for _ in range(10):  # let tenacity record the failure and start its wait
+                await asyncio.sleep(0)
+            assert not a.leading.is_set()
+            a.nudge()  # an informer heard from the server
+        await a.leading.wait()
+
+
 async def test_a_leader_that_cannot_renew_stops_leading_at_its_deadline_and_leads_again() -> None:
     """An outage ends a term, never the elector: fenced at the deadline, it campaigns again and,
     once the server answers, leads a second term (it still holds the Lease: no wait)."""
