@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import summary, write_result
 from benchmarks.e2e import MANAGED, cpu_when_quiet
-from benchmarks.floor import Observer, observer
+from benchmarks.floor import observer
 from benchmarks.harness import (
     Watcher,
     ensure,
@@ -34,7 +34,7 @@ from benchmarks.harness import (
 )
 from projector.api import GRANTS, SECRETS
 from projector.kube import Kube
-from tests.launcher import REPO, ControllerProcess, launch
+from tests.launcher import REPO, ControllerProcess, launch, stop_process
 
 RUN_FROM = (
     "import runpy, sys; sys.path.insert(0, sys.argv[1]); del sys.argv[1:4];"
@@ -65,31 +65,37 @@ async def fan_out_world(kube: Kube, tag: str, n: int) -> tuple[str, list[tuple[s
 
 
 async def measured_rounds(
-    obs: Observer,
-    ctl: ControllerProcess,
+    kubeconfig: Path,
+    launch_controller: Callable[[], ControllerProcess],
     src: str,
     copies: list[tuple[str, str]],
     first: str,
     values: list[str],
 ) -> list[tuple[float, float]]:
-    """Once every copy holds `first`: per value, the source updated and (controller CPU ms
-    per Update write, ms until the last copy holds it), the CPU counted until the controller
-    is quiet."""
-    await wait_ready(ctl)
+    """The source set to `first`, a controller launched and every copy awaited; then per value,
+    the source updated and (controller CPU ms per Update write, ms until the last copy holds
+    it), the CPU counted until the controller is quiet; the controller stopped at the end."""
     samples: list[tuple[float, float]] = []
-    async with Watcher(obs, MANAGED, "token") as watch:
-        await watch.until(watch.all_equal(copies, first), 600)
-        await settle(ctl)
-        for value in values:
-            w0 = ctl.metric("projector_writes_total", action="Update", result="ok")
-            cpu0 = await cpu_when_quiet(ctl.proc.pid)
-            t0 = time.monotonic()
-            await put_value(obs, src, "hub", "token", value)
-            t1 = await watch.reached(copies, value, 600)
-            cpu = await cpu_when_quiet(ctl.proc.pid) - cpu0
-            await settle(ctl)
-            w = ctl.metric("projector_writes_total", action="Update", result="ok") - w0
-            samples.append((cpu * 1000 / w, (t1 - t0) * 1000))
+    async with observer(kubeconfig) as obs:
+        await put_value(obs, src, "hub", "token", first)
+        ctl = launch_controller()
+        try:
+            await wait_ready(ctl)
+            async with Watcher(obs, MANAGED, "token") as watch:
+                await watch.until(watch.all_equal(copies, first), 600)
+                await settle(ctl)
+                for value in values:
+                    w0 = ctl.metric("projector_writes_total", action="Update", result="ok")
+                    cpu0 = await cpu_when_quiet(ctl.proc.pid)
+                    t0 = time.monotonic()
+                    await put_value(obs, src, "hub", "token", value)
+                    t1 = await watch.reached(copies, value, 600)
+                    cpu = await cpu_when_quiet(ctl.proc.pid) - cpu0
+                    await settle(ctl)
+                    w = ctl.metric("projector_writes_total", action="Update", result="ok") - w0
+                    samples.append((cpu * 1000 / w, (t1 - t0) * 1000))
+        finally:
+            stop_process(ctl.proc, timeout=60)
     return samples
 
 
@@ -105,23 +111,17 @@ async def one(
     kube = await Kube.connect(str(kubeconfig))
     tag = f"prof{n}"
     src, copies = await fan_out_world(kube, tag, n)
-    value = f"{tag}-start"
-    async with observer(kubeconfig) as obs:
-        await put_value(obs, src, "hub", "token", value)
-        ctl = start(
-            kubeconfig,
-            out / f"controller-{n}.log",
-            out / f"profile-{n}.txt" if profile else None,
-            "--qps=0",
-            *flags,
-            code=code,
-        )
-        try:
-            values = [f"{tag}-r{r}" for r in range(rounds)]
-            samples = await measured_rounds(obs, ctl, src, copies, value, values)
-        finally:
-            ctl.proc.send_signal(signal.SIGTERM)
-            ctl.proc.wait(60)
+    profile_out = out / f"profile-{n}.txt" if profile else None
+    samples = await measured_rounds(
+        kubeconfig,
+        lambda: start(
+            kubeconfig, out / f"controller-{n}.log", profile_out, "--qps=0", *flags, code=code
+        ),
+        src,
+        copies,
+        f"{tag}-start",
+        [f"{tag}-r{r}" for r in range(rounds)],
+    )
     await kube.delete(GRANTS, tag)
     await kube.close()
     return [cpu for cpu, _ in samples]

@@ -14,17 +14,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from benchmarks.before_after import export
 from benchmarks.common import summary, write_result
-from benchmarks.floor import observer
-from benchmarks.harness import (
-    put_value,
-)
 from benchmarks.profile import call_tree, fan_out_world, measured_rounds, start
 from projector.api import GRANTS
 from projector.kube import Kube
@@ -40,16 +35,15 @@ async def block(
     tag = f"wba{n}"
     src, targets = f"{tag}-src", [f"{tag}-{i}" for i in range(n)]
     copies = [(ns, "hub") for ns in targets]
-    async with observer(kubeconfig) as obs:
-        value = f"{tag}-b{seq}"
-        await put_value(obs, src, "hub", "token", value)
-        ctl = start(kubeconfig, out / f"controller-{n}-{seq}.log", None, *flags, code=code)
-        try:
-            values = [f"{tag}-b{seq}-r{r}" for r in range(rounds)]
-            samples = await measured_rounds(obs, ctl, src, copies, value, values)
-        finally:
-            ctl.proc.send_signal(signal.SIGTERM)
-            ctl.proc.wait(60)
+    log = out / f"controller-{n}-{seq}.log"
+    samples = await measured_rounds(
+        kubeconfig,
+        lambda: start(kubeconfig, log, None, *flags, code=code),
+        src,
+        copies,
+        f"{tag}-b{seq}",
+        [f"{tag}-b{seq}-r{r}" for r in range(rounds)],
+    )
     return {"cpu_ms_per_write": [c for c, _ in samples], "fanout_ms": [f for _, f in samples]}
 
 
