@@ -223,6 +223,8 @@ def render(
             "",
         ]
         out += table(doc)
+        if doc.get("findings"):  # what the run showed, in words, recorded with its numbers
+            out += ["", *doc["findings"]]
         if doc.get("profile"):
             out += ["", "Call tree (pyinstrument, wall-clock seconds of the whole run):", ""]
             out += ["```", *doc["profile"], "```"]
