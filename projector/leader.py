@@ -52,7 +52,7 @@ from tenacity import (
 
 from projector.api import LEASES, Api, Obj
 from projector.config import Timings
-from projector.errors import ApiError, Fenced, NotFound, ProjectorError
+from projector.errors import ApiError, Conflict, Fenced, NotFound, ProjectorError
 from projector.metrics import Metrics
 
 LEASE_NAME = "projector-leader"
@@ -237,21 +237,41 @@ class Elector:
         log.warning("lost the lease; campaigning again", identity=self.identity, term=self.terms)
 
     async def release(self) -> None:
-        """Give the Lease up, if still held and valid, so a standby takes over at once."""
-        if not self.leading.is_set() or self._clock() >= self._valid_until:
-            return
-        spec = {**(self._observed or {}), "holderIdentity": "", "leaseDurationSeconds": 1}
+        """Give the Lease up, if the record names this replica, so a standby takes over at once.
+
+        It runs once the workers have stopped, so it does not ask the fence: on a loaded machine
+        the last renewal may land late or be cancelled by the shutdown, and the Lease is still
+        this replica's. The record says whose it is, and the PUT is optimistic: if another
+        replica took it meanwhile, it refuses. A conflict (a cancelled renewal may still have
+        landed, moving the resourceVersion) is read again once.
+        """
+        self._valid_until = 0.0
+        self.leading.clear()
+        self.following.set()
+        self._metrics.leading(False)
         try:
-            await self._bounded(self._put(spec))
+            async with asyncio.timeout(self.timings.renew_deadline):
+                released = await self._give_up()
         except (ApiError, TimeoutError) as e:
-            log.warning("lease not released; a standby waits for it to expire", error=str(e))
+            log.warning("lease not released; a standby waits for it to expire", error=_describe(e))
             return
-        finally:
-            self._valid_until = 0.0
-            self.leading.clear()
-            self.following.set()
-            self._metrics.leading(False)
-        log.info("lease released", identity=self.identity)
+        if released:
+            log.info("lease released", identity=self.identity)
+
+    async def _give_up(self) -> bool:
+        """Clear the holder if it is this replica: True if it did, False if it is not the holder."""
+        try:
+            return await self._clear_holder()
+        except Conflict:
+            await self._read()
+            return await self._clear_holder()
+
+    async def _clear_holder(self) -> bool:
+        if (self._observed or {}).get("holderIdentity") != self.identity:
+            return False
+        spec = {**(self._observed or {}), "holderIdentity": "", "leaseDurationSeconds": 1}
+        self._observe(await self._put(spec))
+        return True
 
     async def _bounded(self, call: Any) -> Any:
         """Every Lease request ends before the next retry is due."""
@@ -283,9 +303,7 @@ class Elector:
     async def _try_acquire_or_renew(self) -> bool:
         stamp = _micro_time()
         try:
-            lease = await self._bounded(
-                self._api.get(LEASES, LEASE_NAME, namespace=self._namespace)
-            )
+            old = await self._bounded(self._read())
         except NotFound:
             spec = self._spec(stamp, stamp, transitions=0)
             body = {
@@ -297,10 +315,6 @@ class Elector:
             created = await self._bounded(self._api.create(LEASES, body, namespace=self._namespace))
             self._observe(created)
             return True
-        old = dict(lease.get("spec") or {})
-        if old != self._observed:  # seen now, after the read: expiry is never judged early
-            self._observed, self._observed_at = old, self._clock()
-        self._resource_version = str(lease["metadata"].get("resourceVersion", ""))
         holder = old.get("holderIdentity") or ""
         mine = holder == self.identity
         expired = self._observed_at + self.timings.lease_duration <= self._clock()
@@ -313,6 +327,15 @@ class Elector:
         if not mine:
             log.info("lease taken", previous=holder or None, transitions=spec["leaseTransitions"])
         return True
+
+    async def _read(self) -> dict[str, Any]:
+        """The Lease's spec now, remembered with its resourceVersion."""
+        lease = await self._api.get(LEASES, LEASE_NAME, namespace=self._namespace)
+        old = dict(lease.get("spec") or {})
+        if old != self._observed:  # seen now, after the read: expiry is never judged early
+            self._observed, self._observed_at = old, self._clock()
+        self._resource_version = str(lease["metadata"].get("resourceVersion", ""))
+        return old
 
     def _spec(self, acquired: str, renewed: str, *, transitions: int) -> dict[str, Any]:
         return {

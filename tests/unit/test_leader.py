@@ -118,6 +118,40 @@ async def test_a_released_lease_is_taken_at_once() -> None:
     assert await b._attempt()
 
 
+async def test_a_lease_whose_fence_lapsed_is_still_released_at_shutdown() -> None:
+    # A loaded machine delays the last renewal past the renew deadline; the Lease is still a's
+    # on record, so shutting down hands it over at once instead of making b wait it out.
+    api, clock, a, b = await a_leads_b_waits()
+    a.leading.set()
+    clock.t += T.renew_deadline + 0.5
+    await a.release()
+    assert lease(api)["holderIdentity"] == ""
+    assert await b._attempt()
+
+
+async def test_a_renewal_a_did_not_see_land_is_read_again_and_released() -> None:
+    # The shutdown cancelled a renewal after the server applied it: a's resourceVersion is old.
+    api, _clock, a, b = await a_leads_b_waits()
+    a.leading.set()
+    stale = a._resource_version
+    assert await a._attempt()
+    a._resource_version = stale
+    await a.release()
+    assert lease(api)["holderIdentity"] == ""
+    assert await b._attempt()
+
+
+async def test_a_replica_never_releases_a_lease_another_took() -> None:
+    api, clock, a, b = await a_leads_b_waits()
+    a.leading.set()
+    clock.t += T.lease_duration + 1  # a stopped renewing; b takes it, a has not looked since
+    assert not await b._attempt()
+    clock.t += T.lease_duration + 1
+    assert await b._attempt()
+    await a.release()
+    assert lease(api)["holderIdentity"] == "b"
+
+
 async def test_the_fence_closes_at_the_renew_deadline_from_the_last_renewal_sent() -> None:
     api, clock = FakeApi(), Clock()
     a = elector(api, "a", clock)
