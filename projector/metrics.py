@@ -22,7 +22,7 @@ from prometheus_client import (
     ProcessCollector,
 )
 
-from projector.metrictable import INFORMER_EVENTS, METRICS, ready_label
+from projector.metrictable import INFORMER_EVENTS, METRICS, ScrapedGauge, ready_label
 from projector.model import HASH_ANNOTATION
 from projector.reconcile import Action, Outcome, Plan, WriteResult
 from projector.status import Result
@@ -51,7 +51,7 @@ class Metrics:
     status_write_failures: Counter
     projections: Gauge
     grants: Gauge
-    grant_condition: Gauge
+    grant_condition: ScrapedGauge
     grant_retries: Gauge
     grant_retry_delay: Gauge
     leader: Gauge
@@ -81,8 +81,8 @@ class Metrics:
         self._triggered: dict[str, float] = {}
         self._states: dict[str, Tally[str]] = {}
         self._ready: dict[str, bool] = {}
-        self._conditions: dict[str, dict[str, str]] = {}
-        """Per grant, the reason last exported for each condition type."""
+        self._conditions: dict[str, tuple[tuple[str, str, str], ...]] = {}
+        """Per grant, the projector_grant_condition series it exports."""
         self._running: dict[str, float] = {}
         self._retrying: set[str] = set()
         self._heard: dict[str, float] = {}
@@ -175,20 +175,18 @@ class Metrics:
         if ready is not None:
             self._ready[name] = ready
             self.grants.labels(ready_label(ready)).inc()
-        old = self._conditions.pop(name, {})
-        new = (
-            {str(c["type"]): str(c.get("reason") or "") for c in conditions}
-            if ready is not None
-            else {}
-        )
-        for type_, reason in old.items():
-            if new.get(type_) != reason:  # one series per grant and condition: drop the old reason
-                self.grant_condition.remove(name, type_, reason)
-        for c in conditions if ready is not None else ():
-            type_ = str(c["type"])
-            self.grant_condition.labels(name, type_, new[type_]).set(c.get("status") == "True")
-        if new:
-            self._conditions[name] = new
+        series = self.grant_condition.series
+        for key in self._conditions.pop(name, ()):  # one series per condition: the old reason goes
+            series.pop(key, None)
+        if ready is None:
+            return
+        keys = []
+        for c in conditions:
+            key = (name, str(c["type"]), str(c.get("reason") or ""))
+            series[key] = float(c.get("status") == "True")
+            keys.append(key)
+        if keys:
+            self._conditions[name] = tuple(keys)
 
     def retrying(self, name: str, attempts: int, delay: float) -> None:
         """Grant `name` failed `attempts` times in a row; the queue tries again in `delay` s."""

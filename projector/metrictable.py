@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 
 from projector.reconcile import Action, Reason, WriteResult
@@ -52,14 +53,18 @@ class Metric:
     help: str
     labels: tuple[str, ...] = ()
     values: tuple[tuple[str, ...], ...] = ()
+    scraped: bool = False
+    """A gauge whose series live in a plain dict until a scrape (`ScrapedGauge`)."""
 
     @property
     def family(self) -> str:
         """The metric family's name, as the registry collects it (a counter's without _total)."""
         return self.name.removesuffix("_total") if self.type == "counter" else self.name
 
-    def build(self, registry: CollectorRegistry) -> MetricWrapperBase:
+    def build(self, registry: CollectorRegistry) -> MetricWrapperBase | ScrapedGauge:
         """The metric on `registry`, with its `values` created at 0."""
+        if self.scraped:
+            return ScrapedGauge(self, registry)
         if self.type == "histogram":
             made: MetricWrapperBase = Histogram(
                 self.name, self.help, self.labels, buckets=_LATENCY_BUCKETS, registry=registry
@@ -70,6 +75,35 @@ class Metric:
         for value in self.values:
             made.labels(*value)
         return made
+
+
+class ScrapedGauge:
+    """A gauge whose series are a dict from label values to value, sampled at scrape time.
+
+    For series kept per grant: a labelled `Gauge` child holds a lock, a value object and its
+    label dict (~650 B each; three per grant were 1.9 MiB of a 1,000-grant controller), a key
+    here a tuple and a float.
+    """
+
+    def __init__(self, metric: Metric, registry: CollectorRegistry) -> None:
+        self._metric = metric
+        self.series: dict[tuple[str, ...], float] = {}
+        registry.register(self)
+
+    def _family(self) -> GaugeMetricFamily:
+        m = self._metric
+        return GaugeMetricFamily(m.name, m.help, labels=m.labels)
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        """The family without samples: registering does not collect."""
+        return [self._family()]
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        """The family with one sample per series, as a scrape sees them now."""
+        family = self._family()
+        for labels, value in list(self.series.items()):
+            family.add_metric(labels, value)
+        return [family]
 
 
 def ready_label(ready: bool) -> str:
@@ -199,6 +233,7 @@ METRICS = (
         "1 if the grant's status condition is True, 0 if False, by grant, condition type and "
         "reason: which grant is broken, and why (grants are few and admin-created).",
         ("grant", "condition", "reason"),
+        scraped=True,
     ),
     Metric(
         "grant_retries",
