@@ -118,24 +118,26 @@ async def test_a_released_lease_is_taken_at_once() -> None:
     assert await b._attempt()
 
 
-async def test_a_lease_whose_fence_lapsed_is_still_released_at_shutdown() -> None:
-    # A loaded machine delays the last renewal past the renew deadline; the Lease is still a's
-    # on record, so shutting down hands it over at once instead of making b wait it out.
-    api, clock, a, b = await a_leads_b_waits()
-    a.leading.set()
+async def fence_lapsed(a: Elector, clock: Clock) -> None:
+    """A loaded machine delayed the last renewal past the renew deadline."""
     clock.t += T.renew_deadline + 0.5
-    await a.release()
-    assert lease(api)["holderIdentity"] == ""
-    assert await b._attempt()
 
 
-async def test_a_renewal_a_did_not_see_land_is_read_again_and_released() -> None:
-    # The shutdown cancelled a renewal after the server applied it: a's resourceVersion is old.
-    api, _clock, a, b = await a_leads_b_waits()
-    a.leading.set()
+async def renewal_unseen(a: Elector, clock: Clock) -> None:
+    """The shutdown cancelled a renewal after the server applied it: a's resourceVersion is old."""
     stale = a._resource_version
     assert await a._attempt()
     a._resource_version = stale
+
+
+@pytest.mark.parametrize("before_shutdown", [fence_lapsed, renewal_unseen])
+async def test_a_lease_still_on_record_as_the_leader_s_is_released_at_shutdown(
+    before_shutdown: Callable[[Elector, Clock], Any],
+) -> None:
+    # The record, not the fence, says whose the Lease is: the standby takes it at once.
+    api, clock, a, b = await a_leads_b_waits()
+    a.leading.set()
+    await before_shutdown(a, clock)
     await a.release()
     assert lease(api)["holderIdentity"] == ""
     assert await b._attempt()
