@@ -28,6 +28,7 @@ import functools
 import random
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
@@ -94,14 +95,27 @@ def _retryable_status_error(e: BaseException) -> bool:
     return isinstance(e, ApiError) and e.transient
 
 
-def status_retrying(attempts: int, backoff: tuple[float, float]) -> AsyncRetrying:
+@dataclass(frozen=True)
+class Retries:
+    """How many tries a write gets in all, and the backoff between them: (first wait, cap)."""
+
+    attempts: int
+    backoff: tuple[float, float]
+
+
+COPY_RETRIES = Retries(4, (0.05, 2.0))
+STATUS_RETRIES = Retries(5, (0.2, 5.0))
+
+
+def status_retrying(retries: Retries) -> AsyncRetrying:
     """The retry policy of a grant's status write.
 
     Up to `attempts` tries, exponential backoff from `backoff[0]` to `backoff[1]` with jitter
     (a 429 waits its Retry-After, capped, instead), only for transient API errors, each retry
     logged with its attempt number. The last error is re-raised to the caller.
     """
-    exponential = wait_exponential_jitter(multiplier=backoff[0], max=backoff[1], jitter=backoff[0])
+    attempts, (first, cap) = retries.attempts, retries.backoff
+    exponential = wait_exponential_jitter(multiplier=first, max=cap, jitter=first)
 
     def wait(state: RetryCallState) -> float:
         error = state.outcome.exception() if state.outcome is not None else None
@@ -266,12 +280,10 @@ class Writer:
         *,
         metrics: Metrics,
         concurrency: int = 32,
-        attempts: int = 4,
-        backoff: tuple[float, float] = (0.05, 2.0),
+        retries: Retries = COPY_RETRIES,
+        status_retries: Retries = STATUS_RETRIES,
         fence: Callable[[], float] | None = None,
         tracer: trace.Tracer | None = None,
-        status_attempts: int = 5,
-        status_backoff: tuple[float, float] = (0.2, 5.0),
         write_bytes: int = WRITE_BYTES,
     ) -> None:
         self._api = api
@@ -282,10 +294,8 @@ class Writer:
         self._metrics = metrics
         self._slots = asyncio.Semaphore(concurrency)
         self._bytes = _Budget(write_bytes)
-        self._attempts = attempts
-        self._backoff = backoff
-        self._status_attempts = status_attempts
-        self._status_backoff = status_backoff
+        self._retries = retries
+        self._status_retries = status_retries
 
     async def _send(self, write: Callable[[Api], Awaitable[R]]) -> R:
         """The choke point: every write passes here, and nowhere else.
@@ -356,13 +366,13 @@ class Writer:
         slot and its bytes for the request alone; the sleep before a retry (a 429's
         Retry-After, or backoff) holds neither, so other grants' writes go on meanwhile.
         """
-        for attempt in range(1, self._attempts):
+        for attempt in range(1, self._retries.attempts):
             try:
                 return await self._attempt(plan, step, bodies, size)
             except ApiError as e:
                 if not _transient(e):
                     raise
-                await asyncio.sleep(retry_delay(e, attempt, *self._backoff))
+                await asyncio.sleep(retry_delay(e, attempt, *self._retries.backoff))
         return await self._attempt(plan, step, bodies, size)
 
     async def _attempt(self, plan: Plan, step: Step, bodies: _Bodies | None, size: int) -> Outcome:
@@ -466,7 +476,7 @@ class Writer:
         body = dict(status)
         with self._span("write_status", attributes) as span:
             try:
-                async for attempt in status_retrying(self._status_attempts, self._status_backoff):
+                async for attempt in status_retrying(self._status_retries):
                     with attempt:
                         try:
                             await self._send(lambda api: api.patch_status(GRANTS, name, body))
@@ -484,7 +494,7 @@ class Writer:
                     "status write failed; the grant is retried with backoff",
                     status=e.status,
                     reason=e.reason,
-                    attempts=self._status_attempts if e.transient else 1,
+                    attempts=self._status_retries.attempts if e.transient else 1,
                 )
                 return False
             span.set_attribute("result", "ok")

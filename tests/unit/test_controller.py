@@ -16,7 +16,7 @@ from projector.queue import WorkQueue
 from projector.recorder import Recorder
 from projector.status import Result
 from projector.store import Kind, Store
-from projector.writer import Writer
+from projector.writer import Retries, Writer
 from tests.unit.factories import managed_fields
 from tests.unit.fakeapi import FakeApi
 from tests.unit.test_store import copy_obj, grant_obj, ns_obj, source_obj
@@ -36,10 +36,9 @@ async def controller(
     writer = Writer(
         api,
         metrics=metrics,
-        backoff=(0.001, 0.001),
+        retries=Retries(4, (0.001, 0.001)),
         tracer=tracer,
-        status_attempts=3,
-        status_backoff=(0.001, 0.002),
+        status_retries=Retries(3, (0.001, 0.002)),
     )
     return Controller(
         store,

@@ -27,7 +27,7 @@ from projector.errors import (
 from projector.metrics import Metrics
 from projector.model import Copy, ObjectKey, SourceKind, parse_copy
 from projector.reconcile import Action, Plan, Reason, plan
-from projector.writer import MAX_RETRY_AFTER, Writer, _Bodies, _Budget, retry_delay
+from projector.writer import MAX_RETRY_AFTER, Retries, Writer, _Bodies, _Budget, retry_delay
 from tests.unit.factories import (
     SRC_NAME,
     SRC_NS,
@@ -54,7 +54,7 @@ def plan_for(*copies: Copy) -> Plan:
 
 def writer(api: FakeApi) -> tuple[Writer, Metrics]:
     metrics = Metrics()
-    return Writer(api, metrics=metrics, attempts=4, backoff=(0.001, 0.001)), metrics
+    return Writer(api, metrics=metrics, retries=Retries(4, (0.001, 0.001))), metrics
 
 
 def store(api: FakeApi, copy: Copy) -> None:
@@ -251,7 +251,7 @@ async def test_type_change_replaces_delete_then_create() -> None:
 
 def status_writer(api: FakeApi, attempts: int = 3) -> tuple[Writer, Metrics]:
     metrics = Metrics()
-    w = Writer(api, metrics=metrics, status_attempts=attempts, status_backoff=(0.001, 0.002))
+    w = Writer(api, metrics=metrics, status_retries=Retries(attempts, (0.001, 0.002)))
     return w, metrics
 
 
