@@ -31,6 +31,7 @@ from opentelemetry import trace
 
 from projector import probe, reconcile, status
 from projector.config import Config
+from projector.desired import Echo
 from projector.errors import Fenced
 from projector.metrics import Metrics
 from projector.model import Copy, GrantRecord
@@ -84,20 +85,20 @@ class Controller:
         self._stopping = False
         self._stopped = asyncio.Event()
         self._ids = itertools.count(1)
-        self._wanted: dict[str, Desired] = {}
+        self._wanted: dict[str, Echo] = {}
         """Per grant, the copy its last plan wanted: events of copies holding it are echoes."""
         store.listen(self._enqueue, echo=self._is_echo)
 
     def _is_echo(self, name: str, copy: Copy) -> bool:
         """The copy holds what grant `name` last planned: the echo of its own write."""
-        desired = self._wanted.get(name)
-        return desired is not None and desired.in_sync(copy)
+        wanted = self._wanted.get(name)
+        return wanted is not None and wanted.in_sync(copy)
 
     def _want(self, name: str, desired: Desired | None) -> None:
         if desired is None:
             self._wanted.pop(name, None)
         else:
-            self._wanted[name] = desired
+            self._wanted[name] = desired.echo()
 
     def _enqueue(self, kind: Kind, names: Iterable[str]) -> None:
         """Queue the grants a change affects.

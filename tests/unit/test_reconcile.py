@@ -1549,6 +1549,7 @@ D_EXTRA = desired_of(make_grant(labels={"team": "data"}, annotations={"note": "x
 )
 def test_desired_in_sync(copy: Copy, in_sync: bool) -> None:
     assert D_EXTRA.in_sync(copy) is in_sync
+    assert D_EXTRA.echo().in_sync(copy) is in_sync  # what the controller keeps tells the same
 
 
 def test_update_manifest_keeps_what_others_added_and_restores_ours() -> None:
