@@ -63,8 +63,8 @@ def _holds(
 class Echo:
     """A `Desired` without its values, labels or annotations: enough to tell an echo.
 
-    The controller keeps one per grant to tell its own writes' echoes; a whole Desired per
-    grant was ~0.8 KB.
+    The controller keeps one per grant to tell its own writes' echoes, so it holds no Secret
+    values outside the caches (RSS: no change measurable, memory-before-after-3-echo.json).
     """
 
     core_hash: str

@@ -228,12 +228,16 @@ class Elector:
             valid_for=self.timings.renew_deadline,
         )
 
-    def _lost(self) -> None:
-        """The fence closes now (it already has, by the clock); `app` stops the workers."""
+    def _step_down(self) -> None:
+        """The fence closes now; `app` stops the workers."""
         self._valid_until = 0.0
         self.leading.clear()
         self.following.set()
         self._metrics.leading(False)
+
+    def _lost(self) -> None:
+        """The term is over (the fence already closed, by the clock)."""
+        self._step_down()
         log.warning("lost the lease; campaigning again", identity=self.identity, term=self.terms)
 
     async def release(self) -> None:
@@ -245,10 +249,7 @@ class Elector:
         replica took it meanwhile, it refuses. A conflict (a cancelled renewal may still have
         landed, moving the resourceVersion) is read again once.
         """
-        self._valid_until = 0.0
-        self.leading.clear()
-        self.following.set()
-        self._metrics.leading(False)
+        self._step_down()
         try:
             async with asyncio.timeout(self.timings.renew_deadline):
                 released = await self._give_up()
