@@ -52,7 +52,13 @@ class Config:
     cold again, and changes made one at a time never make a key hot: a source rewritten many
     times a second is copied every few seconds, while a lone change keeps the short debounce."""
     qps: float = 200.0
-    """Client-side request rate limit; 0 disables."""
+    """Client-side request rate limit; 0 disables. 200/s with a burst of 400: a fan-out of up
+    to ~400 copies (a platform's packs: tens of namespaces) never waits on it, and a larger one
+    costs at most (copies - 400) / 200 s more than the API server itself takes (3 s at 1,000,
+    measured beside --qps 0 in docs/benchmarks.md). What it is for is the bug or the selector
+    grant over 10,000 namespaces: without it one controller takes every write seat a small
+    control plane has. client-go's defaults (5/10) would make a 1,000-copy fan-out minutes;
+    kube-controller-manager runs at 20/30, the scheduler at 50/100."""
     burst: int = 400
     leader_elect: bool = True
     """Only the holder of the Lease writes, so two replicas can never both write by accident."""
