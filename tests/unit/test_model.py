@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from projector.errors import InvalidGrant
 from projector.grantspec import parse_grant, parse_grant_record
@@ -724,6 +728,33 @@ def test_content_hash_format_and_determinism() -> None:
     assert h.startswith("sha256:")
     assert len(h) == len("sha256:") + 64
     assert content_hash(**BASE) == h
+
+
+@given(
+    st.dictionaries(st.text(), st.text(), max_size=3),
+    st.dictionaries(st.text(), st.text(), max_size=3),
+)
+def test_content_hash_hashes_the_bytes_it_always_hashed(
+    labels: dict[str, str], annotations: dict[str, str]
+) -> None:
+    """The hash stored on every copy is of json.dumps's bytes: a faster encoder must give the
+    same hash for any text (non-ASCII and DEL included), or an upgrade rewrites every copy."""
+    parts = [
+        "Opaque",
+        sorted(BASE["data"].items()),
+        sorted(labels.items()),
+        sorted((k, v) for k, v in annotations.items() if k != HASH_ANNOTATION),
+    ]
+    blob = json.dumps(parts, separators=(",", ":")).encode()
+    want = "sha256:" + hashlib.sha256(blob).hexdigest()
+    assert content_hash("Opaque", BASE["data"], labels, annotations) == want
+
+
+def test_content_hash_of_a_known_copy_is_pinned() -> None:
+    assert content_hash("Opaque", {"k": b64("v")}, {"é": "\x7f"}, {}) == (
+        "sha256:"
+        + hashlib.sha256(b'["Opaque",[["k","dg=="]],[["\\u00e9","\\u007f"]],[]]').hexdigest()
+    )
 
 
 def test_content_hash_ignores_order_and_its_own_annotation() -> None:
