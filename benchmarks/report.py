@@ -99,8 +99,7 @@ kube-controller-manager, built from their Go modules, on loopback) and runs each
 runtime-only virtualenv, so its memory is what a deployment would use) with its default flags
 unless a section says otherwise; each fan-out runs once more without the one default that
 adds time on purpose (`fanout-100-debounce0`: the 50 ms debounce; `fanout-1000-qps0`: the
-client rate limit), the
-target judged on that run. Every system uses the same admin identity against the same API
+client rate limit), the target judged on that run. Every system uses the same admin identity against the same API
 server in the same run. Each system runs alone in its block (started for the block, stopped
 after it) and blocks alternate (projector, floor, projection, kubernetes-replicator, projector,
 ...), so drifts in machine load hit all alike; the first sample of every block is a warm-up,
