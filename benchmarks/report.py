@@ -97,19 +97,19 @@ How these numbers were taken: `make bench` (`make bench-quick` for small sizes, 
 kube-controller-manager, built from their Go modules, on loopback) and runs each benchmark of
 `benchmarks/` against it. The controller runs as a subprocess (`projector run`, from a
 runtime-only virtualenv, so its memory is what a deployment would use) with its default flags
-unless a section says otherwise; each fan-out runs once more without the one default that
-adds time on purpose (`fanout-100-debounce0`: the 50 ms debounce; `fanout-1000-qps0`: the
-client rate limit), the target judged on that run. Every system uses the same admin identity against the same API
-server in the same run. Each system runs alone in its block (started for the block, stopped
-after it) and blocks alternate (projector, floor, projection, kubernetes-replicator, projector,
-...), so drifts in machine load hit all alike; the first sample of every block is a warm-up,
-dropped and counted (`warmup_dropped` in the parameters). Times: t0 is taken just before the
-triggering write is sent (the source update; for the floor, its first PUT), t1 is the receipt of
-the watch event showing the last copy with the new value; the trigger and the watch are the
-harness's own aiohttp + orjson client (`benchmarks.floor.Observer`), the same for every system.
-Medians (p50), p99 and max over the samples shown; the machine is a shared 2-core VM, so only
-ratios measured in the same run mean much, and a ratio below 1 against the floor would be a bug
-in the benchmark.
+unless a section says otherwise; each fan-out runs once more without the one default that adds
+time on purpose (`fanout-100-debounce0`: the 50 ms debounce; `fanout-1000-qps0`: the client rate
+limit), the target judged on that run. Every system uses the same admin identity against the
+same API server in the same run. Each system runs alone in its block (started for the block,
+stopped after it) and blocks alternate (projector, floor, projection, kubernetes-replicator,
+projector, ...), so drifts in machine load hit all alike; the first sample of every block is a
+warm-up, dropped and counted (`warmup_dropped` in the parameters). Times: t0 is taken just
+before the triggering write is sent (the source update; for the floor, its first PUT), t1 is the
+receipt of the watch event showing the last copy with the new value; the trigger and the watch
+are the harness's own aiohttp + orjson client (`benchmarks.floor.Observer`), the same for every
+system. Medians (p50), p99 and max over the samples shown; the machine is a shared 2-core VM, so
+only ratios measured in the same run mean much, and a ratio below 1 against the floor would be a
+bug in the benchmark.
 
 The floor (`benchmarks/floor.py`) is a bare asyncio writer on the fastest client here, aiohttp +
 orjson, in its own process, with the admin kubeconfig's client certificate, key and CA in an
