@@ -17,7 +17,17 @@ from benchmarks.peers import all_peers
 from tests.controlplane.plane import ControlPlane, cache_dir
 from tests.launcher import run_module
 
-EXPECTED = {"hotpath", "fanout-5", "latency", "burst", "failover", "restart", "memory", "scaling"}
+EXPECTED = {
+    "hotpath",
+    "fanout-5",
+    "fanout-5-debounce0",
+    "latency",
+    "burst",
+    "failover",
+    "restart",
+    "memory",
+    "scaling",
+}
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +65,7 @@ def test_benchmarks_run_at_tiny_sizes(tiny: Path) -> None:
         assert fanout["systems"][system]["last_copy"]["samples"] >= 1
         assert fanout["systems"][system]["client_cpu_per_write"]["samples"] >= 1
         assert fanout["parameters"]["warmup_dropped"][system] >= 1
+    assert load(tiny, "fanout-5-debounce0")["parameters"]["flags"] == ["--debounce=0"]
     for peer in all_peers():
         present = any(s.startswith(f"{peer.name} ") for s in fanout["systems"])
         assert present or peer.name in fanout["parameters"]["peers_unavailable"], peer.name
