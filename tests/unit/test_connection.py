@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from projector import connection
 from projector.connection import TokenBucket
 
 
@@ -38,7 +39,11 @@ async def test_a_burst_passes_at_once_and_the_rest_waits_its_turn() -> None:
     assert clock.sleeps == pytest.approx([0.1, 0.2, 0.3])
 
 
-async def test_concurrent_callers_wait_in_parallel_not_one_after_another() -> None:
+async def test_concurrent_callers_wait_in_parallel_and_wake_together_on_the_grid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tokens due at 10, 20 and 30 ms wake at 20, 20 and 40 ms: one loop wake-up for two."""
+    monkeypatch.setattr(connection, "WAKE_GRID", 0.02)
     clock, started = Clock(), asyncio.Event()
     sleeps: list[float] = []
 
@@ -50,17 +55,18 @@ async def test_concurrent_callers_wait_in_parallel_not_one_after_another() -> No
 
     limit = TokenBucket(100, 1, clock=clock, sleep=sleep)
     await asyncio.gather(*(limit.acquire() for _ in range(4)))
-    assert sleeps == pytest.approx([0.01, 0.02, 0.03])
+    assert sleeps == pytest.approx([0.02, 0.02, 0.04])
 
 
 async def test_late_wake_ups_do_not_slow_the_rate() -> None:
-    """Each sleep overshoots by half a token's time, as on a busy event loop: 101 requests
-    one after another still take 1 s of the clock at 100 per second, not 1.5 s."""
+    """Each sleep overshoots by half a token's time, as on a busy event loop: 105 requests one
+    after another, 5 of them the burst, still take 1 s of the clock at 100 per second (and at
+    most one wake grid and one overshoot more), not 1.5 s."""
     clock = Clock(overshoot=0.005)
-    limit = bucket(clock, qps=100, burst=1)
-    for _ in range(101):
+    limit = bucket(clock, qps=100, burst=5)
+    for _ in range(105):
         await limit.acquire()
-    assert clock.now == pytest.approx(1.0, abs=0.006)
+    assert 1.0 <= clock.now <= 1.0 + connection.WAKE_GRID + clock.overshoot + 1e-9
 
 
 async def test_zero_qps_never_waits() -> None:
