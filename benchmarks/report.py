@@ -171,10 +171,11 @@ at which commit).
 
 The write path's cuts (the `write-path-*` sections) are each measured with `python -m
 benchmarks.write_before_after BEFORE AFTER`: each version of `projector/` runs as its own
-controller process on one 1 -> N fan-out (`--qps=0`), blocks alternating between the versions
-(before, after, after, before, ...), so only the ratios inside one section mean much; its
-parameters give the machine's load average after each block. The call tree in the first is the
-profile the cuts started from (main, pyinstrument, 1 -> 1,000).
+controller process on one 1 -> N fan-out (default flags, or the `flags` its parameters name),
+blocks alternating between the versions (before, after, after, before, ...), so only the ratios
+inside one section mean much; its parameters give the machine's load average after each block.
+The call tree in the first is the profile the cuts started from (main, pyinstrument, 1 ->
+1,000).
 """
 
 
