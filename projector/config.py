@@ -54,8 +54,8 @@ class Config:
     qps: float = 200.0
     """Client-side request rate limit; 0 disables. 200/s with a burst of 400: a fan-out of up
     to ~400 copies (a platform's packs: tens of namespaces) never waits on it, and a larger one
-    costs at most (copies - 400) / 200 s more than the API server itself takes (3 s at 1,000,
-    measured beside --qps 0 in docs/benchmarks.md). What it is for is the bug or the selector
+    costs at most (copies - 400) / 200 s more than the API server itself takes (3 s at 1,000;
+    1.7 s measured beside --qps 0, docs/benchmarks.md). What it is for is the bug or the selector
     grant over 10,000 namespaces: without it one controller takes every write seat a small
     control plane has. client-go's defaults (5/10) would make a 1,000-copy fan-out minutes;
     kube-controller-manager runs at 20/30, the scheduler at 50/100."""
