@@ -109,13 +109,14 @@ class Process:
             concurrency=cfg.write_concurrency,
             fence=fence,
         )
+        recorder = Recorder(writer, cfg.id)
         self.rollouts: Rollouts | None = None
         if cfg.rollouts:  # off: no workload is even listed
             rollout_queue: WorkQueue[Ref] = WorkQueue(
                 debounce=cfg.rollout_debounce, debounce_max=cfg.rollout_debounce_max
             )
             self.rollouts = Rollouts(
-                store, writer, queue=rollout_queue, metrics=metrics, instance=cfg.id
+                store, writer, queue=rollout_queue, metrics=metrics, recorder=recorder
             )
             self.informers += [self._informer(c) for c in self.rollouts.caches]
         self.caches = [i.cache for i in self.informers]
@@ -126,7 +127,7 @@ class Process:
             metrics=metrics,
             queue=self.queue,
             writer=writer,
-            recorder=Recorder(writer, cfg.id),
+            recorder=recorder,
             tracer=tracer,
             rollouts=self.rollouts,
         )

@@ -35,7 +35,7 @@ from projector.desired import Echo
 from projector.errors import Fenced
 from projector.metrics import Metrics
 from projector.model import Copy, GrantRecord
-from projector.queue import QueueShutDown, WorkQueue
+from projector.queue import WorkQueue
 from projector.reconcile import Desired
 from projector.recorder import Recorder, timestamp
 from projector.rollout import Rollouts
@@ -167,11 +167,7 @@ class Controller:
             log.info("resync", grants=len(self.store.grants), queued=queued)
 
     async def _worker(self) -> None:
-        while True:
-            try:
-                name = await self.queue.get()
-            except QueueShutDown:
-                return
+        async for name in self.queue:
             if self._stopping:
                 self.queue.done(name)
                 return

@@ -22,9 +22,9 @@ from prometheus_client import (
     ProcessCollector,
 )
 
-from projector.metrictable import INFORMER_EVENTS, METRICS, ScrapedGauge, ready_label
+from projector.metrictable import INFORMER_EVENTS, METRICS, ScrapedGauge, WriteResult, ready_label
 from projector.model import HASH_ANNOTATION
-from projector.reconcile import Action, Outcome, Plan, WriteResult
+from projector.reconcile import Action, Outcome, Plan
 from projector.status import Result
 from projector.tracing import trace_id
 

@@ -9,15 +9,27 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 
-from projector.reconcile import Action, Reason, WriteResult
+from projector.reconcile import Action, Reason
 from projector.status import Result
 from projector.tracing import SPAN_DROPS
+
+
+class WriteResult(StrEnum):
+    """How one write ended (the `result` label of projector_writes_total)."""
+
+    OK = "ok"
+    ERROR = "error"
+    CONFLICT = "conflict"
+    SKIPPED = "skipped"
+    """Not written and nothing to retry: the server said the namespace is gone or terminating."""
+
 
 API_VERBS = ("LIST", "WATCH", "GET", "CREATE", "UPDATE", "PATCH", "DELETE")
 """The verbs `kube.Kube` reports (its request hook's first argument)."""

@@ -1,7 +1,6 @@
 """The pure core's values: the snapshot a plan reads, the steps it decides, their outcomes.
 
-Also the codes they carry (`SourceState`, `Action`, `Reason`, `WriteResult`), which status,
-Events and metrics name.
+Also the codes they carry (`SourceState`, `Action`, `Reason`): status, Events and metrics name them.
 """
 
 from __future__ import annotations
@@ -37,16 +36,6 @@ class Action(StrEnum):
     DELETE = "Delete"
     NOOP = "NoOp"
     """Nothing to write: in sync, retained, denied, conflicted or waiting."""
-
-
-class WriteResult(StrEnum):
-    """How one write ended (the `result` label of projector_writes_total)."""
-
-    OK = "ok"
-    ERROR = "error"
-    CONFLICT = "conflict"
-    SKIPPED = "skipped"
-    """Not written and nothing to retry: the server said the namespace is gone or terminating."""
 
 
 class Reason(StrEnum):

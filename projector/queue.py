@@ -46,7 +46,7 @@ import heapq
 import itertools
 import math
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Generic, Protocol, TypeVar
 
 from projector.delays import COMPACT_SLACK, Backoff, Windows
@@ -272,6 +272,15 @@ class WorkQueue(Generic[K]):
         self._dirty.discard(key)
         self._processing.add(key)
         return key
+
+    async def __aiter__(self) -> AsyncIterator[K]:
+        """Each key :meth:`get` hands out, until the queue shuts down; :meth:`done` each one."""
+        while True:
+            try:
+                key = await self.get()
+            except QueueShutDown:
+                return
+            yield key
 
     def done(self, key: K) -> None:
         """Finish processing ``key``; if it was added meanwhile, it is ready again now.

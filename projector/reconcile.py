@@ -32,7 +32,6 @@ from projector.plans import (
     Snapshot,
     SourceState,
     Step,
-    WriteResult,
     conflict_message,
 )
 
@@ -51,7 +50,6 @@ __all__ = [
     "Snapshot",
     "SourceState",
     "Step",
-    "WriteResult",
     "claim",
     "conflict_message",
     "consent",

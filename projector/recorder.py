@@ -1,4 +1,4 @@
-"""Events about grants: the manifest of a reason-coded `status.Event`, recorded by the writer.
+"""Events: the manifest of a reason-coded `status.Event`, recorded by the writer.
 
 Events about a cluster-scoped object must live in `default` (API server validation), so that
 is where they go, whatever the controller's own namespace.
@@ -50,14 +50,19 @@ def event(involved: Obj, namespace: str, ev: Event, *, instance: str, now: str) 
 
 
 class Recorder:
-    """Records Events on grants through the writer, as replica `instance`."""
+    """Records Events through the writer, as replica `instance`: the one place they are sent."""
 
     def __init__(self, writer: Writer, instance: str) -> None:
         self._writer = writer
         self._instance = instance
 
     async def record(self, rec: GrantRecord, events: Iterable[Event]) -> None:
-        """Record each Event (best effort: a refused one is logged, never raised)."""
+        """Record each Event about grant `rec` (best effort: a refusal is logged, not raised)."""
         for ev in events:
             body = manifest(rec, ev, instance=self._instance, now=timestamp())
             await self._writer.create_event(body, EVENTS_NS)
+
+    async def record_on(self, involved: Obj, namespace: str, ev: Event) -> None:
+        """Record one Event about the object `involved`, in its `namespace` (best effort too)."""
+        body = event(involved, namespace, ev, instance=self._instance, now=timestamp())
+        await self._writer.create_event(body, namespace)

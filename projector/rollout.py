@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -41,8 +41,8 @@ from projector.caches import Cache, Spec
 from projector.errors import ApiError, Fenced, NotFound
 from projector.metrics import Metrics
 from projector.model import GRANT_LABEL, HASH_ANNOTATION, PREFIX, Copy, ObjectKey
-from projector.queue import QueueShutDown, WorkQueue
-from projector.recorder import event, timestamp
+from projector.queue import WorkQueue
+from projector.recorder import Recorder
 from projector.status import Event
 from projector.store import Store
 from projector.writer import Writer
@@ -291,28 +291,27 @@ def spec(kind: WorkloadKind) -> Spec[Ref, Workload]:
 # --- the I/O edge --------------------------------------------------------------------------------
 
 
+@dataclass(eq=False)
 class Rollouts:
     """Keeps opted-in workloads rolled to their copies' content: caches, index, worker."""
 
-    def __init__(
-        self,
-        store: Store,
-        writer: Writer,
-        *,
-        queue: WorkQueue[Ref],
-        metrics: Metrics,
-        instance: str,
-    ) -> None:
-        self.store = store
-        self.queue = queue
-        self._writer = writer
-        self._metrics = metrics
-        self._instance = instance
+    store: Store
+    writer: Writer
+    _: KW_ONLY
+    queue: WorkQueue[Ref]
+    metrics: Metrics
+    recorder: Recorder
+    caches: tuple[OptedIn, ...] = field(init=False)
+    _by_kind: dict[str, OptedIn] = field(init=False)
+    _readers: defaultdict[ObjectKey, set[Ref]] = field(
+        init=False, default_factory=lambda: defaultdict(set)
+    )
+    """Copy -> the workloads that name it."""
+
+    def __post_init__(self) -> None:
         self.caches = tuple(OptedIn(spec(k), self._workload_changed) for k in WorkloadKind)
         self._by_kind = {c.spec.kind: c for c in self.caches}
-        self._readers: defaultdict[ObjectKey, set[Ref]] = defaultdict(set)
-        """Copy -> the workloads that name it."""
-        store.watch_copies(self._copy_changed)
+        self.store.watch_copies(self._copy_changed)
 
     def _workload_changed(self, old: Workload | None, new: Workload | None) -> None:
         for w, add in ((old, False), (new, True)):
@@ -357,11 +356,7 @@ class Rollouts:
 
     async def run(self) -> None:
         """Apply what `decide` says, one workload at a time, until stopped."""
-        while True:
-            try:
-                ref = await self.queue.get()
-            except QueueShutDown:
-                return
+        async for ref in self.queue:
             try:
                 ok = await self.reconcile(ref)
             except Fenced:
@@ -404,7 +399,7 @@ class Rollouts:
             return True
         res = RESOURCES[ref.kind]
         try:
-            out = await self._writer.apply(
+            out = await self.writer.apply(
                 res, manifest(w, d), namespace=ref.namespace, field_manager=FIELD_MANAGER
             )
         except NotFound:
@@ -423,7 +418,7 @@ class Rollouts:
             if (c := self.store.copies.get(ObjectKey(w.ref.namespace, name))) is not None
         }
         for grant in sorted(grants):
-            self._metrics.rollouts.labels(grant, w.ref.namespace).inc()
+            self.metrics.rollouts.labels(grant, w.ref.namespace).inc()
         log.info("rollout started", workload=_name(w.ref), copies=copies)
         res = RESOURCES[w.ref.kind]
         involved = {
@@ -435,8 +430,7 @@ class Rollouts:
         }
         message = f"content of {', '.join(copies)} changed: rolling out its pods"
         ev = Event("Normal", "RolloutStarted", message)
-        body = event(involved, w.ref.namespace, ev, instance=self._instance, now=timestamp())
-        await self._writer.create_event(body, w.ref.namespace)
+        await self.recorder.record_on(involved, w.ref.namespace, ev)
 
 
 def _hash(c: Copy) -> str | None:

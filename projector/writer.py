@@ -47,6 +47,7 @@ from projector.api import BY_KIND, EVENTS, GRANTS, Api, Obj, Precondition, Resou
 from projector.desired import kept_metadata
 from projector.errors import ApiError, Conflict, Forbidden, NotFound, TooManyRequests
 from projector.metrics import Metrics
+from projector.metrictable import WriteResult
 from projector.model import Copy, SourceKind, parse_copy
 from projector.reconcile import (
     Action,
@@ -55,7 +56,6 @@ from projector.reconcile import (
     Plan,
     Reason,
     Step,
-    WriteResult,
     conflict_message,
     may_write,
 )

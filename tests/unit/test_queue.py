@@ -148,11 +148,7 @@ async def test_concurrent_workers_never_share_a_key_and_miss_no_add() -> None:
 
     async def worker() -> None:
         nonlocal tick
-        while True:
-            try:
-                key = await queue.get()
-            except QueueShutDown:
-                return
+        async for key in queue:
             assert key not in active, f"{key} handed to two workers"
             active.add(key)
             tick += 1
@@ -483,6 +479,19 @@ async def test_shut_down_still_hands_out_ready_and_re_added_keys() -> None:
     queue.done("a")
     with pytest.raises(QueueShutDown):
         await queue.get()
+
+
+async def test_iterating_hands_out_each_ready_key_and_ends_at_shut_down() -> None:
+    queue, _, _ = make()
+    queue.add("a")
+    queue.add("b")
+    seen = []
+    async for key in queue:
+        seen.append(key)
+        queue.done(key)
+        if key == "a":
+            queue.shut_down()  # "b" is ready: still handed out, then the loop ends
+    assert seen == ["a", "b"]
 
 
 # -- stateful property test against a model -------------------------------------------------------

@@ -17,6 +17,7 @@ from projector.api import DEPLOYMENTS, EVENTS
 from projector.metrics import Metrics
 from projector.model import HASH_ANNOTATION
 from projector.queue import WorkQueue
+from projector.recorder import Recorder
 from projector.rollout import (
     ROLLOUT_ON,
     Decision,
@@ -288,7 +289,9 @@ async def test_rollouts_apply_once_record_an_event_and_count_it() -> None:
     metrics = Metrics()
     writer = Writer(api, metrics=metrics)
     queue: WorkQueue[Ref] = WorkQueue()
-    rollouts = Rollouts(store, writer, queue=queue, metrics=metrics, instance="test")
+    rollouts = Rollouts(
+        store, writer, queue=queue, metrics=metrics, recorder=Recorder(writer, "test")
+    )
     for c in (*store.caches, *rollouts.caches):
         c.synced.set()
         c.healthy.set()
