@@ -483,14 +483,13 @@ async def test_shut_down_still_hands_out_ready_and_re_added_keys() -> None:
 
 async def test_iterating_hands_out_each_ready_key_and_ends_at_shut_down() -> None:
     queue, _, _ = make()
-    queue.add("a")
-    queue.add("b")
+    for key in "ab":
+        queue.add(key)
     seen = []
     async for key in queue:
         seen.append(key)
         queue.done(key)
-        if key == "a":
-            queue.shut_down()  # "b" is ready: still handed out, then the loop ends
+        queue.shut_down()  # after "a": "b" is ready, so it is still handed out; then the end
     assert seen == ["a", "b"]
 
 
