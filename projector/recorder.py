@@ -24,14 +24,11 @@ def timestamp() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def manifest(rec: GrantRecord, ev: Event, *, instance: str, now: str) -> Obj:
-    """A core/v1 Event about grant `rec` (the name is unique: Events are never updated)."""
-    involved = {"apiVersion": GRANTS.version, "kind": GRANTS.kind, "name": rec.name, "uid": rec.uid}
-    return event(involved, EVENTS_NS, ev, instance=instance, now=now)
-
-
 def event(involved: Obj, namespace: str, ev: Event, *, instance: str, now: str) -> Obj:
-    """A core/v1 Event about the object `involved` (an involvedObject), in `namespace`."""
+    """A core/v1 Event about the object `involved` (an involvedObject), in `namespace`.
+
+    The name is unique: Events are never updated.
+    """
     return {
         "apiVersion": "v1",
         "kind": "Event",
@@ -58,9 +55,14 @@ class Recorder:
 
     async def record(self, rec: GrantRecord, events: Iterable[Event]) -> None:
         """Record each Event about grant `rec` (best effort: a refusal is logged, not raised)."""
+        involved = {
+            "apiVersion": GRANTS.version,
+            "kind": GRANTS.kind,
+            "name": rec.name,
+            "uid": rec.uid,
+        }
         for ev in events:
-            body = manifest(rec, ev, instance=self._instance, now=timestamp())
-            await self._writer.create_event(body, EVENTS_NS)
+            await self.record_on(involved, EVENTS_NS, ev)
 
     async def record_on(self, involved: Obj, namespace: str, ev: Event) -> None:
         """Record one Event about the object `involved`, in its `namespace` (best effort too)."""
