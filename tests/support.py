@@ -319,6 +319,15 @@ class Cluster:
             }
         self.core.patch_namespaced_secret(name, namespace, patch)
 
+    def burst(self, namespace: str, name: str, key: str, prefix: str) -> None:
+        """100 updates of the Secret's `key` in 10 s, evenly paced: f"{prefix}0" to "…99"."""
+        start = time.monotonic()
+        for i in range(100):
+            self.patch_secret(namespace, name, {"data": {key: f"{prefix}{i}"}})
+            wait = start + (i + 1) * 0.1 - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)  # allowed-sleep: the load's pacing, 100 updates spread over 10 s
+
     def config_source(
         self,
         namespace: str,
@@ -471,10 +480,8 @@ class Cluster:
 
     def version(self, namespace: str, name: str) -> tuple[str, str] | None:
         """A Secret's (uid, resourceVersion): equal later only if it was never rewritten."""
-        secret = self.copy(namespace, name)
-        if secret is None:
-            return None
-        return str(secret.metadata.uid), str(secret.metadata.resource_version)
+        s = self.copy(namespace, name)
+        return None if s is None else (str(s.metadata.uid), str(s.metadata.resource_version))
 
     def copy_data(self, namespace: str, name: str) -> dict[str, str] | None:
         s = self.copy(namespace, name)

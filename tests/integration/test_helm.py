@@ -436,6 +436,27 @@ def sa_kubeconfig(plane: ControlPlane, api: client.ApiClient, path: Path) -> Pat
     return write_token_kubeconfig(path, plane, token, user=user, namespace=NAMESPACE)
 
 
+def first_projection(
+    k8s: Cluster,
+    plane: ControlPlane,
+    api: client.ApiClient,
+    tmp_path: Path,
+    namespaces: tuple[str, str],
+    tag: str,
+) -> tuple[str, ControllerProcess]:
+    """A new user's first projection, `src` -> `dst`, run by the chart's ServiceAccount and
+    RBAC (no kubelet: no pod): the grant's name and the controller, started; the source holds
+    {"api-token": "CANARY-<tag>-1"}."""
+    src, dst = namespaces
+    for ns in namespaces:
+        with contextlib.suppress(client.ApiException):  # already there
+            k8s.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    k8s.source(src, "hub", {"api-token": f"CANARY-{tag}-1"}, export_to=dst)
+    grant = k8s.grant((src, "hub"), name=f"{tag}-hub", namespaces=[dst])
+    kubeconfig = sa_kubeconfig(plane, api, tmp_path / "sa.kubeconfig")
+    return grant, launch(kubeconfig, tmp_path / "controller.log")
+
+
 def released_objects(api: client.ApiClient) -> list[str]:
     """Every object labelled with the release, of every kind the chart can create."""
     dyn = dynamic.DynamicClient(api)
@@ -510,12 +531,7 @@ def test_helm_install_upgrade_uninstall_on_a_real_api_server(
 
     # a new user's first projection, by the chart's ServiceAccount and RBAC (no kubelet: no pod)
     src, dst = "jupyterhub", "dask-gateway"
-    for ns in (src, dst):
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
-    k8s.source(src, "hub", {"api-token": "CANARY-helm-1"}, export_to=dst)
-    grant = k8s.grant((src, "hub"), name="hub-to-dask", namespaces=[dst])
-    kubeconfig = sa_kubeconfig(fresh_plane, fresh_api, tmp_path / "sa.kubeconfig")
-    ctl: ControllerProcess = launch(kubeconfig, tmp_path / "controller.log")
+    grant, ctl = first_projection(k8s, fresh_plane, fresh_api, tmp_path, (src, dst), "helm")
     try:
         eventually(ctl.ready, timeout=30, message="controller /readyz")
         eventually(lambda: k8s.copy_data(dst, "hub") == {"api-token": "CANARY-helm-1"})
@@ -546,7 +562,7 @@ def test_helm_install_upgrade_uninstall_on_a_real_api_server(
         assert cm.metadata.labels["grafana_dashboard"] == "1"
 
         # the policy: projector's ServiceAccount may write only Secrets with its label
-        sa = client.CoreV1Api(api_client(kubeconfig))
+        sa = client.CoreV1Api(api_client(tmp_path / "sa.kubeconfig"))  # first_projection's
         foreign = client.V1Secret(metadata=client.V1ObjectMeta(name="not-projectors"))
 
         def refused() -> bool:
@@ -693,13 +709,7 @@ def test_deleting_the_controller_application_as_argo_cd_would_leaves_crd_grants_
 
     eventually(established, message="CRD Established")
     src, dst = "argo-producer", "argo-consumer"
-    for ns in (src, dst):
-        with contextlib.suppress(client.ApiException):
-            core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
-    k8s.source(src, "hub", {"api-token": "CANARY-argo-1"}, export_to=dst)
-    grant = k8s.grant((src, "hub"), name="argo-hub", namespaces=[dst])
-    kubeconfig = sa_kubeconfig(fresh_plane, fresh_api, tmp_path / "sa.kubeconfig")
-    ctl: ControllerProcess = launch(kubeconfig, tmp_path / "controller.log")
+    grant, ctl = first_projection(k8s, fresh_plane, fresh_api, tmp_path, (src, dst), "argo")
     try:
         eventually(lambda: k8s.copy_data(dst, "hub") == {"api-token": "CANARY-argo-1"})
     finally:

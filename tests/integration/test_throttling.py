@@ -16,8 +16,9 @@ import itertools
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -49,12 +50,27 @@ COPIES = 12
 pytestmark = [pytest.mark.fault, pytest.mark.serial]
 
 
+@dataclass(frozen=True)
+class Throttle:
+    """projector's ServiceAccount, its Secret writes into some namespaces refused with 429."""
+
+    kubeconfig: Path  # the ServiceAccount's, for the controller
+    retry_after: float  # what the API server's 429s say
+    lift: Callable[[], None]  # the refusals end (the FlowSchema deleted)
+
+
 @pytest.fixture
-def throttle(custom_objects: client.CustomObjectsApi) -> Iterator[Any]:
-    """Make (and finally remove) a zero-seat, rejecting priority level for some writes."""
+def throttle(
+    custom_objects: client.CustomObjectsApi,
+    service_account_kubeconfig: ServiceAccountKubeconfigFactory,
+) -> Iterator[Callable[[list[str]], Throttle]]:
+    """Make (and finally remove) a zero-seat, rejecting priority level for projector's Secret
+    writes into these namespaces; once made, it has refused a probe."""
     made: list[tuple[str, str]] = []
 
-    def make(service_account: str, namespaces: list[str]) -> str:
+    def make(namespaces: list[str]) -> Throttle:
+        kubeconfig = service_account_kubeconfig("projector", "projector-system")
+        service_account = yaml.safe_load(kubeconfig.read_text())["users"][0]["name"]
         name = unique_name("projector-throttle")
         level = {
             "apiVersion": "/".join(FLOWCONTROL),
@@ -102,7 +118,16 @@ def throttle(custom_objects: client.CustomObjectsApi) -> Iterator[Any]:
         for plural, body in (("prioritylevelconfigurations", level), ("flowschemas", schema)):
             custom_objects.create_cluster_custom_object(*FLOWCONTROL, plural, body)
             made.append((plural, name))
-        return name
+        said = eventually(
+            lambda: retry_after_of(kubeconfig, namespaces[0]),
+            timeout=60,
+            message="API Priority and Fairness never rejected the probes",
+        )
+
+        def lift() -> None:
+            custom_objects.delete_cluster_custom_object(*FLOWCONTROL, "flowschemas", name)
+
+        return Throttle(kubeconfig, float(said or 0), lift)
 
     yield make
     for plural, name in reversed(made):
@@ -141,30 +166,21 @@ def retry_after_of(kubeconfig: Path, namespace: str) -> float | None:
 
 
 def test_429s_are_retried_after_retry_after_and_never_counted_as_written(
-    throttle: Any,  # first: removed only after the controller stopped
-    service_account_kubeconfig: ServiceAccountKubeconfigFactory,
+    throttle: Callable[[list[str]], Throttle],  # first: removed after the controller stopped
     k8s: Cluster,
     make_namespace: NamespaceFactory,
     start_controller: Any,
-    custom_objects: client.CustomObjectsApi,
     audit_log: Path,
 ) -> None:
     src = make_namespace()
     targets = [make_namespace() for _ in range(COPIES)]
     k8s.source(src, "hub", DATA, export_to="*")
-    kubeconfig = service_account_kubeconfig("projector", "projector-system")
-    user = yaml.safe_load(kubeconfig.read_text())["users"][0]["name"]
-    name = throttle(user, targets)
-    said = eventually(
-        lambda: retry_after_of(kubeconfig, targets[0]),
-        timeout=60,
-        message="API Priority and Fairness never rejected the probes",
-    )
-    retry_after = float(said or 0)
+    throttled = throttle(targets)
+    retry_after = throttled.retry_after
     assert retry_after >= 1
 
     started = datetime.now(UTC)
-    ctl: ControllerProcess = start_controller(kubeconfig=kubeconfig)
+    ctl: ControllerProcess = start_controller(kubeconfig=throttled.kubeconfig)
     g = k8s.grant((src, "hub"), namespaces=targets)
     eventually(
         lambda: ctl.metric("projector_api_requests_total", code="429") > 0,
@@ -173,7 +189,7 @@ def test_429s_are_retried_after_retry_after_and_never_counted_as_written(
     )
 
     lifted = time.monotonic()
-    custom_objects.delete_cluster_custom_object(*FLOWCONTROL, "flowschemas", name)
+    throttled.lift()
     eventually(
         lambda: (
             all(k8s.copy_data(ns, "hub") == DATA for ns in targets)
@@ -258,12 +274,10 @@ def seat_kept_busy(kubeconfig: Path, namespace: str, senders: int = 6) -> Iterat
 
 
 def test_a_throttled_grant_holds_up_no_other_grants_fan_out(
-    throttle: Any,  # first: removed only after the controller stopped
-    service_account_kubeconfig: ServiceAccountKubeconfigFactory,
+    throttle: Callable[[list[str]], Throttle],  # first: removed after the controller stopped
     k8s: Cluster,
     make_namespace: NamespaceFactory,
     start_controller: Any,
-    custom_objects: client.CustomObjectsApi,
     audit_log: Path,
 ) -> None:
     """Two write slots in all; grant A's writes are throttled (its namespaces only, the level's
@@ -274,17 +288,12 @@ def test_a_throttled_grant_holds_up_no_other_grants_fan_out(
     throttled = [make_namespace() for _ in range(COPIES)]
     free = [make_namespace() for _ in range(20)]
     k8s.source(src, "hub", DATA, export_to="*")
-    kubeconfig = service_account_kubeconfig("projector", "projector-system")
-    user = yaml.safe_load(kubeconfig.read_text())["users"][0]["name"]
-    name = throttle(user, throttled)
-    eventually(
-        lambda: retry_after_of(kubeconfig, throttled[0]),
-        timeout=60,
-        message="API Priority and Fairness never rejected the probes",
-    )
+    refusing = throttle(throttled)
     started = datetime.now(UTC)
-    ctl: ControllerProcess = start_controller("--write-concurrency=2", kubeconfig=kubeconfig)
-    with seat_kept_busy(kubeconfig, throttled[0]):
+    ctl: ControllerProcess = start_controller(
+        "--write-concurrency=2", kubeconfig=refusing.kubeconfig
+    )
+    with seat_kept_busy(refusing.kubeconfig, throttled[0]):
         a = k8s.grant((src, "hub"), namespaces=throttled)
         eventually(
             lambda: ctl.metric("projector_api_requests_total", code="429") >= 2,
@@ -309,7 +318,7 @@ def test_a_throttled_grant_holds_up_no_other_grants_fan_out(
         assert len(a_tries) < 2 * COPIES, f"B waited behind {len(a_tries)} tries of A"
     assert all(k8s.copy_data(ns, "hub-b") == DATA for ns in free)
 
-    custom_objects.delete_cluster_custom_object(*FLOWCONTROL, "flowschemas", name)
+    refusing.lift()
     eventually(
         lambda: k8s.observed(a)["targets"]["projected"] == COPIES,
         timeout=120,
