@@ -2,7 +2,8 @@
 
 Pure: built once per grant from its source (`desired_copy`), identical in every namespace but
 for metadata.namespace; `Desired.in_sync` tells from a cached copy's metadata alone whether it
-already holds exactly this.
+already holds exactly this; `Bodies` serializes it into each copy's request body, the shared
+parts once per plan.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import orjson
+
+from projector.api import BY_KIND
 from projector.model import (
     GRANT_LABEL,
     GRANT_METADATA_ANNOTATION,
@@ -260,3 +264,62 @@ def desired_copy(grant: Grant, source: Source) -> Desired | str:
         source.key.kind,
         binary,
     )
+
+
+class Bodies:
+    """The copy's request bodies: its data is serialized once per plan, however many copies."""
+
+    def __init__(self, desired: Desired) -> None:
+        self.desired = desired
+        self.kind = desired.kind
+        self.resource = BY_KIND[desired.kind]
+        """Where the copy is written: a Secret's copy to secrets, a ConfigMap's to configmaps."""
+        self._data: bytes | None = None
+
+    @property
+    def data(self) -> bytes:
+        """The value fields as JSON members, serialized on first use.
+
+        `"data":{..}`, and a ConfigMap's `"binaryData":{..}`.
+        """
+        if self._data is None:
+            payload = {k: dict(v) for k, v in self.desired.payload().items()}
+            self._data = orjson.dumps(payload)[1:-1]
+        return self._data
+
+    def body(
+        self, namespace: str, resource_version: str | None = None, keep: Copy | None = None
+    ) -> bytes:
+        """The request body of the copy in `namespace` (a PUT's, with `resource_version`).
+
+        A copy that carries nothing of other tools (the usual case) gets the metadata this
+        plan wants for every copy, serialized once: only its namespace and resourceVersion are
+        serialized per write. Otherwise `Desired.manifest` merges what the copy keeps.
+        """
+        if keep is not None:
+            kept_labels, kept_annotations = kept_metadata(keep)
+            if kept_labels or kept_annotations:
+                head = orjson.dumps(
+                    self.desired.manifest(namespace, resource_version, keep, with_data=False)
+                )
+                return head[:-1] + b"," + self.data + b"}"
+        version = b""
+        if resource_version:
+            version = b',"resourceVersion":' + orjson.dumps(resource_version)
+        return b"".join((self.head, orjson.dumps(namespace), version, self.tail, self.data, b"}"))
+
+    @functools.cached_property
+    def head(self) -> bytes:
+        """`{"apiVersion":..,"kind":..,("type":..,)"metadata":{"namespace":`, once per plan."""
+        d = self.desired
+        start: dict[str, object] = {"apiVersion": "v1", "kind": d.kind.value}
+        if d.kind is SourceKind.SECRET:
+            start["type"] = d.type
+        return orjson.dumps(start)[:-1] + b',"metadata":{"namespace":'
+
+    @functools.cached_property
+    def tail(self) -> bytes:
+        """`,"name":..,"labels":..,"annotations":..},` once per plan."""
+        d = self.desired
+        meta = {"name": d.name, "labels": dict(d.labels), "annotations": dict(d.annotations)}
+        return b"," + orjson.dumps(meta)[1:] + b","

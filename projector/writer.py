@@ -12,11 +12,7 @@ the grant. A write holds a write slot and its bytes of the in-flight budget only
 is under way, never while it sleeps before a retry: a grant whose writes are throttled (429) or
 failing cannot slow another grant's copies.
 
-The per-copy retry loop is written out rather than taken from tenacity: it runs once per write,
-and tenacity's per-call `inspect` work was about 15% of the controller's CPU per write (1 -> 1,000
-fan-out: ~2.0 ms of CPU per write with it, ~1.3 ms without it and per-write spans, commit
-94176f6). Status writes, which happen once per reconcile at most, use a tenacity policy
-(`status_retrying`).
+How long a retry waits is `retries`' rule.
 """
 
 from __future__ import annotations
@@ -24,34 +20,22 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
-import random
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import orjson
 import structlog
 from opentelemetry import trace
 from opentelemetry.trace import INVALID_SPAN, Span, StatusCode
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
 
 from projector.api import BY_KIND, EVENTS, GRANTS, Api, Obj, Precondition, Resource
-from projector.desired import kept_metadata
-from projector.errors import ApiError, Conflict, Forbidden, NotFound, TooManyRequests
+from projector.desired import Bodies
+from projector.errors import ApiError, Conflict, Forbidden, NotFound
 from projector.metrics import Metrics
 from projector.metrictable import WriteResult
-from projector.model import Copy, SourceKind, parse_copy
+from projector.model import parse_copy
 from projector.reconcile import (
     Action,
-    Desired,
     Outcome,
     Plan,
     Reason,
@@ -59,87 +43,19 @@ from projector.reconcile import (
     conflict_message,
     may_write,
 )
+from projector.retries import (
+    COPY_RETRIES,
+    STATUS_RETRIES,
+    Retries,
+    retry_after,
+    retry_delay,
+    status_retrying,
+    transient,
+)
 
 R = TypeVar("R")
 
 log = structlog.get_logger("projector.writer")
-
-
-MAX_RETRY_AFTER = 10.0
-"""Cap on a 429's Retry-After: a server asking for minutes must not stall a worker that long."""
-
-
-def retry_after(error: ApiError) -> float:
-    """How long the server asked us to wait (a 429's Retry-After, capped); 0 if it did not."""
-    if isinstance(error, TooManyRequests):
-        return min(float(error.retry_after), MAX_RETRY_AFTER)
-    return 0.0
-
-
-def retry_delay(error: ApiError, attempt: int, initial: float, maximum: float) -> float:
-    """Before retry `attempt` (1, 2, ...): a 429's Retry-After (capped), else backoff + jitter."""
-    if isinstance(error, TooManyRequests):
-        return retry_after(error)
-    return min(initial * 2.0 ** (attempt - 1), maximum) + random.uniform(0, initial)
-
-
-def _transient(e: ApiError) -> bool:
-    return e.transient and not isinstance(e, Conflict)
-
-
-def _retryable_status_error(e: BaseException) -> bool:
-    """A status write worth trying again: transient API errors (5xx, no response, 429, 409).
-
-    A fence (`Fenced`) or a bug is not an `ApiError` and is never retried.
-    """
-    return isinstance(e, ApiError) and e.transient
-
-
-@dataclass(frozen=True)
-class Retries:
-    """How many tries a write gets in all, and the backoff between them: (first wait, cap)."""
-
-    attempts: int
-    backoff: tuple[float, float]
-
-
-COPY_RETRIES = Retries(4, (0.05, 2.0))
-STATUS_RETRIES = Retries(5, (0.2, 5.0))
-
-
-def status_retrying(retries: Retries) -> AsyncRetrying:
-    """The retry policy of a grant's status write.
-
-    Up to `attempts` tries, exponential backoff from `backoff[0]` to `backoff[1]` with jitter
-    (a 429 waits its Retry-After, capped, instead), only for transient API errors, each retry
-    logged with its attempt number. The last error is re-raised to the caller.
-    """
-    attempts, (first, cap) = retries.attempts, retries.backoff
-    exponential = wait_exponential_jitter(multiplier=first, max=cap, jitter=first)
-
-    def wait(state: RetryCallState) -> float:
-        error = state.outcome.exception() if state.outcome is not None else None
-        if isinstance(error, TooManyRequests):
-            return retry_after(error)
-        return float(exponential(state))
-
-    def logged(state: RetryCallState) -> None:
-        error = state.outcome.exception() if state.outcome is not None else None
-        log.warning(
-            "status write failed; retrying",
-            attempt=f"{state.attempt_number}/{attempts}",
-            status=getattr(error, "status", None),
-            reason=getattr(error, "reason", type(error).__name__),
-            retry_in=round(state.upcoming_sleep, 3),
-        )
-
-    return AsyncRetrying(
-        stop=stop_after_attempt(attempts),
-        wait=wait,
-        retry=retry_if_exception(_retryable_status_error),
-        before_sleep=logged,
-        reraise=True,
-    )
 
 
 MAX_MESSAGE = 200
@@ -212,65 +128,6 @@ class _Budget:
         self._waiters = left
 
 
-class _Bodies:
-    """The copy's request bodies: its data is serialized once per plan, however many copies."""
-
-    def __init__(self, desired: Desired) -> None:
-        self.desired = desired
-        self.kind = desired.kind
-        self.resource = BY_KIND[desired.kind]
-        """Where the copy is written: a Secret's copy to secrets, a ConfigMap's to configmaps."""
-        self._data: bytes | None = None
-
-    @property
-    def data(self) -> bytes:
-        """The value fields as JSON members, serialized on first use.
-
-        `"data":{..}`, and a ConfigMap's `"binaryData":{..}`.
-        """
-        if self._data is None:
-            payload = {k: dict(v) for k, v in self.desired.payload().items()}
-            self._data = orjson.dumps(payload)[1:-1]
-        return self._data
-
-    def body(
-        self, namespace: str, resource_version: str | None = None, keep: Copy | None = None
-    ) -> bytes:
-        """The request body of the copy in `namespace` (a PUT's, with `resource_version`).
-
-        A copy that carries nothing of other tools (the usual case) gets the metadata this
-        plan wants for every copy, serialized once: only its namespace and resourceVersion are
-        serialized per write. Otherwise `Desired.manifest` merges what the copy keeps.
-        """
-        if keep is not None:
-            kept_labels, kept_annotations = kept_metadata(keep)
-            if kept_labels or kept_annotations:
-                head = orjson.dumps(
-                    self.desired.manifest(namespace, resource_version, keep, with_data=False)
-                )
-                return head[:-1] + b"," + self.data + b"}"
-        version = b""
-        if resource_version:
-            version = b',"resourceVersion":' + orjson.dumps(resource_version)
-        return b"".join((self.head, orjson.dumps(namespace), version, self.tail, self.data, b"}"))
-
-    @functools.cached_property
-    def head(self) -> bytes:
-        """`{"apiVersion":..,"kind":..,("type":..,)"metadata":{"namespace":`, once per plan."""
-        d = self.desired
-        start: dict[str, object] = {"apiVersion": "v1", "kind": d.kind.value}
-        if d.kind is SourceKind.SECRET:
-            start["type"] = d.type
-        return orjson.dumps(start)[:-1] + b',"metadata":{"namespace":'
-
-    @functools.cached_property
-    def tail(self) -> bytes:
-        """`,"name":..,"labels":..,"annotations":..},` once per plan."""
-        d = self.desired
-        meta = {"name": d.name, "labels": dict(d.labels), "annotations": dict(d.annotations)}
-        return b"," + orjson.dumps(meta)[1:] + b","
-
-
 class Writer:
     """Executes plans, writes statuses and records Events; the only code that writes."""
 
@@ -322,11 +179,11 @@ class Writer:
         ]
         writes = plan.writes
         if writes:
-            bodies = _Bodies(plan.desired) if plan.desired is not None else None
+            bodies = Bodies(plan.desired) if plan.desired is not None else None
             outcomes.extend(await _together([self._run(plan, s, bodies) for s in writes]))
         return outcomes
 
-    async def _run(self, plan: Plan, step: Step, bodies: _Bodies | None) -> Outcome:
+    async def _run(self, plan: Plan, step: Step, bodies: Bodies | None) -> Outcome:
         # One child span per copy write: names and codes only, never content.
         attributes = {
             "grant": plan.grant_name,
@@ -340,7 +197,7 @@ class Writer:
                 span.set_status(StatusCode.ERROR, outcome.message)
             return outcome
 
-    async def _run_step(self, plan: Plan, step: Step, bodies: _Bodies | None) -> Outcome:
+    async def _run_step(self, plan: Plan, step: Step, bodies: Bodies | None) -> Outcome:
         size = len(bodies.data) if bodies is not None and step.action is not Action.DELETE else 0
         try:
             outcome = await self._retrying(plan, step, bodies, size)
@@ -356,7 +213,7 @@ class Writer:
         self._metrics.write(step.action, _RESULTS.get(outcome.reason, result))
         return outcome
 
-    async def _retrying(self, plan: Plan, step: Step, bodies: _Bodies | None, size: int) -> Outcome:
+    async def _retrying(self, plan: Plan, step: Step, bodies: Bodies | None, size: int) -> Outcome:
         """`_write`, retried while it fails transiently, up to `attempts` tries in all.
 
         Written out, not a tenacity policy: it runs once per copy write, and tenacity's
@@ -370,12 +227,12 @@ class Writer:
             try:
                 return await self._attempt(plan, step, bodies, size)
             except ApiError as e:
-                if not _transient(e):
+                if not transient(e):
                     raise
                 await asyncio.sleep(retry_delay(e, attempt, *self._retries.backoff))
         return await self._attempt(plan, step, bodies, size)
 
-    async def _attempt(self, plan: Plan, step: Step, bodies: _Bodies | None, size: int) -> Outcome:
+    async def _attempt(self, plan: Plan, step: Step, bodies: Bodies | None, size: int) -> Outcome:
         """One try of a step, holding a write slot and `size` bytes of the budget."""
         async with self._slots:
             taken = await self._bytes.acquire(size)
@@ -384,7 +241,7 @@ class Writer:
             finally:
                 self._bytes.release(taken)
 
-    async def _write(self, plan: Plan, step: Step, bodies: _Bodies | None) -> Outcome:
+    async def _write(self, plan: Plan, step: Step, bodies: Bodies | None) -> Outcome:
         ns, name = step.namespace, step.name
         if step.action is Action.DELETE:
             return await self._delete(step)
@@ -407,7 +264,7 @@ class Writer:
             return Outcome(step, Reason.PROJECTED, written=True)
         return await self._create(plan, step, bodies)
 
-    async def _create(self, plan: Plan, step: Step, bodies: _Bodies) -> Outcome:
+    async def _create(self, plan: Plan, step: Step, bodies: Bodies) -> Outcome:
         ns, name = step.namespace, step.name
         body = bodies.body(ns)
         try:

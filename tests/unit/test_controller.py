@@ -14,9 +14,10 @@ from projector.errors import ServerError, TooManyRequests
 from projector.metrics import Metrics
 from projector.queue import WorkQueue
 from projector.recorder import Recorder
+from projector.retries import Retries
 from projector.status import Result
 from projector.store import Kind, Store
-from projector.writer import Retries, Writer
+from projector.writer import Writer
 from tests.unit.factories import managed_fields
 from tests.unit.fakeapi import FakeApi
 from tests.unit.test_store import copy_obj, grant_obj, ns_obj, source_obj

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from projector.api import EVENTS, GRANTS, SECRETS
+from projector.desired import Bodies
 from projector.errors import (
     ApiError,
     Conflict,
@@ -27,7 +28,8 @@ from projector.errors import (
 from projector.metrics import Metrics
 from projector.model import Copy, ObjectKey, SourceKind, parse_copy
 from projector.reconcile import Action, Plan, Reason, plan
-from projector.writer import MAX_RETRY_AFTER, Retries, Writer, _Bodies, _Budget, retry_delay
+from projector.retries import MAX_RETRY_AFTER, Retries, retry_delay
+from projector.writer import Writer, _Budget
 from tests.unit.factories import (
     SRC_NAME,
     SRC_NS,
@@ -537,7 +539,7 @@ def test_a_copys_body_is_its_manifest_whatever_path_builds_it(
             source, key=ObjectKey(SRC_NS, SRC_NAME, cm), type="", binary_data={"b": "AA=="}
         )
     desired = desired_of(grant, source)
-    bodies = _Bodies(desired)
+    bodies = Bodies(desired)
     assert orjson.loads(bodies.body("n1")) == desired.manifest("n1")
     manifest = desired.manifest("n1")
     meta: dict[str, Any] = dict(manifest["metadata"])  # type: ignore[call-overload]
