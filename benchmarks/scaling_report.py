@@ -298,15 +298,17 @@ def _rate(points: list[dict[str, Any]]) -> list[str]:
         "One source, 100 copies, default flags (the debounce coalesces a hot source: "
         "`--debounce`, `--debounce-max`, `--debounce-hot-max`), updates sent at each rate by "
         "up to 64 concurrent PATCHes; lag: from the last update sent to the watch event of the "
-        "last copy with the final value.",
+        "last copy with the final value; refused: updates the API server did not answer in "
+        "time (the harness's 10 s read timeout), left out of the rates and the CPU per update.",
         "",
-        "| rate asked (/s) | achieved (/s) | updates | writes per copy | lag (ms) | "
+        "| rate asked (/s) | achieved (/s) | updates | refused | writes per copy | lag (ms) | "
         "CPU per update (ms) | CPU (share of a core) |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
         out.append(
             f"| {_n(p['rate_per_s'])} | {_n(p['achieved_rate_per_s'])} | {_n(p['updates'])} | "
+            f"{_n(p.get('updates_refused', 0))} | "
             f"{_n(p['writes_per_copy'])} | {_n(p['lag_after_last_update_ms'])} | "
             f"{_n(p['cpu_ms_per_update'])} | {_n(p['cpu_share_of_a_core'])} |"
         )
