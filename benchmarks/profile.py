@@ -5,7 +5,9 @@ the dev venv, which has pyinstrument) until its copies hold the current value an
 then the source is updated `--rounds` times, each time until every copy holds the new value
 and the controller has used no CPU for 0.3 s. Printed per N: process CPU per Update write
 (/proc, the fan-out benchmark's method), and with `--profile` pyinstrument's call tree of the
-whole run (start-up included) into `--out`/profile-N.txt.
+whole run (start-up included) into `--out`/profile-N.txt; with `--cpu-profile`, one more run
+at the largest N sampled by py-spy during the updates only (`benchmarks.cpuprofile`): the CPU's
+shares by component.
 
 Against the control plane of `make cluster-up` (`--kubeconfig`, default .local/kubeconfig).
 """
@@ -14,11 +16,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import json
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from benchmarks import cpuprofile
 from benchmarks.common import summary, write_result
 from benchmarks.e2e import MANAGED, cpu_when_quiet
 from benchmarks.floor import observer
@@ -71,10 +77,12 @@ async def measured_rounds(
     copies: list[tuple[str, str]],
     first: str,
     values: list[str],
+    during: Callable[[int], AbstractContextManager[None]] | None = None,
 ) -> list[tuple[float, float]]:
     """The source set to `first`, a controller launched and every copy awaited; then per value,
     the source updated and (controller CPU ms per Update write, ms until the last copy holds
-    it), the CPU counted until the controller is quiet; the controller stopped at the end."""
+    it), the CPU counted until the controller is quiet; the controller stopped at the end.
+    `during(pid)` wraps the updates (a profiler's sampling of them)."""
     samples: list[tuple[float, float]] = []
     async with observer(kubeconfig) as obs:
         await put_value(obs, src, "hub", "token", first)
@@ -84,16 +92,17 @@ async def measured_rounds(
             async with Watcher(obs, MANAGED, "token") as watch:
                 await watch.until(watch.all_equal(copies, first), 600)
                 await settle(ctl)
-                for value in values:
-                    w0 = ctl.metric("projector_writes_total", action="Update", result="ok")
-                    cpu0 = await cpu_when_quiet(ctl.proc.pid)
-                    t0 = time.monotonic()
-                    await put_value(obs, src, "hub", "token", value)
-                    t1 = await watch.reached(copies, value, 600)
-                    cpu = await cpu_when_quiet(ctl.proc.pid) - cpu0
-                    await settle(ctl)
-                    w = ctl.metric("projector_writes_total", action="Update", result="ok") - w0
-                    samples.append((cpu * 1000 / w, (t1 - t0) * 1000))
+                with during(ctl.proc.pid) if during else nullcontext():
+                    for value in values:
+                        w0 = ctl.metric("projector_writes_total", action="Update", result="ok")
+                        cpu0 = await cpu_when_quiet(ctl.proc.pid)
+                        t0 = time.monotonic()
+                        await put_value(obs, src, "hub", "token", value)
+                        t1 = await watch.reached(copies, value, 600)
+                        cpu = await cpu_when_quiet(ctl.proc.pid) - cpu0
+                        await settle(ctl)
+                        w = ctl.metric("projector_writes_total", action="Update", result="ok") - w0
+                        samples.append((cpu * 1000 / w, (t1 - t0) * 1000))
         finally:
             stop_process(ctl.proc, timeout=60)
     return samples
@@ -107,6 +116,7 @@ async def one(
     profile: bool,
     flags: list[str],
     code: Path | None = None,
+    sampled_into: Path | None = None,
 ) -> list[float]:
     kube = await Kube.connect(str(kubeconfig))
     tag = f"prof{n}"
@@ -121,6 +131,7 @@ async def one(
         copies,
         f"{tag}-start",
         [f"{tag}-r{r}" for r in range(rounds)],
+        functools.partial(cpuprofile.sampled, out=sampled_into) if sampled_into else None,
     )
     await kube.delete(GRANTS, tag)
     await kube.close()
@@ -140,6 +151,9 @@ async def main() -> None:
     p.add_argument("sizes", nargs="+", type=int)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--profile", action="store_true", help="then one profiled run, largest size")
+    p.add_argument(
+        "--cpu-profile", action="store_true", help="then one run sampled by py-spy, largest size"
+    )
     p.add_argument("--flag", action="append", default=[], help="a flag of `projector run`")
     p.add_argument("--kubeconfig", type=Path, default=REPO / ".local/kubeconfig")
     p.add_argument("--out", type=Path, default=REPO / ".local/profile")
@@ -151,6 +165,15 @@ async def main() -> None:
         ms = await one(args.kubeconfig, args.out, n, args.rounds, False, args.flag)
         systems[f"projector 1 -> {n}"] = {"client_cpu_per_write": summary(ms, "ms")}
         print(f"1 -> {n}: CPU per write {summary(ms, 'ms')}")
+    extra: dict[str, Any] = {}
+    if args.cpu_profile:
+        n, collapsed = max(args.sizes), args.out / "py-spy.txt"
+        ms = await one(args.kubeconfig, args.out, n, args.rounds, False, args.flag, None, collapsed)
+        systems[f"projector 1 -> {n} sampled by py-spy"] = {
+            "client_cpu_per_write": summary(ms, "ms")
+        }
+        extra["cpu_profile"] = cpuprofile.summarize(collapsed.read_text())
+        print(json.dumps(extra["cpu_profile"], indent=1))
     tree: list[str] = []
     if args.profile:
         n = max(args.sizes)
@@ -169,7 +192,12 @@ async def main() -> None:
         }
         params = {"rounds": args.rounds, "flags": args.flag, "method": "benchmarks.profile"}
         write_result(
-            "cpu-per-write", params, systems, ratios, out=args.results, extra={"profile": tree}
+            "cpu-per-write",
+            params,
+            systems,
+            ratios,
+            out=args.results,
+            extra=extra | {"profile": tree},
         )
 
 

@@ -28,6 +28,25 @@ DOCS = REPO / "docs"
 PLOTS = DOCS / "benchmarks"
 
 
+def cpu_profile_tables(cpu: dict[str, Any]) -> list[str]:
+    """py-spy's shares of the sampled updates' CPU (`benchmarks.cpuprofile`), as two tables."""
+    out = [
+        "",
+        f"Where the CPU of the sampled run's updates went (py-spy, {cpu['samples']} samples at "
+        f"{cpu['rate_per_s']}/s, the benchmark's /metrics scrapes left out). Self time by "
+        "component; with uvloop the event loop, sockets and TLS are native code, counted "
+        "under the Python frame that called them (mostly aiohttp's):",
+        "",
+        "| component | share of CPU |",
+        "|---|---|",
+    ]
+    out += [f"| {name} | {share}% |" for name, share in cpu["self_by_component"]]
+    out += ["", "projector's functions, time inside them and what they call:", ""]
+    out += ["| function (module) | share of CPU |", "|---|---|"]
+    out += [f"| `{name}` | {share}% |" for name, share in cpu["projector_inclusive"]]
+    return out
+
+
 def load(results: Path = RESULTS) -> dict[str, dict[str, Any]]:
     return {p.stem: json.loads(p.read_text()) for p in sorted(results.glob("*.json"))}
 
@@ -228,6 +247,8 @@ def render(
         out += table(doc)
         if doc.get("findings"):  # what the run showed, in words, recorded with its numbers
             out += ["", *doc["findings"]]
+        if cpu := doc.get("cpu_profile"):
+            out += cpu_profile_tables(cpu)
         if doc.get("profile"):
             out += ["", "Call tree (pyinstrument, wall-clock seconds of the whole run):", ""]
             out += ["```", *doc["profile"], "```"]
