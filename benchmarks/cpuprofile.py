@@ -35,6 +35,10 @@ _COMPONENTS = (
 )
 
 
+_ENTRY_POINTS = frozenset({"<module>", "main"})
+"""Frames under which the whole process runs: in every sample, so they say nothing."""
+
+
 def py_spy() -> str:
     """The py-spy of this interpreter's venv (a dev dependency)."""
     found = Path(sys.executable).parent / "py-spy"
@@ -87,7 +91,8 @@ def summarize(collapsed: str, top: int = 15) -> dict[str, Any]:
         ours = {
             f"{f['func']} ({c})"
             for f in frames
-            if (c := component(f["path"])).startswith("projector/") and f["func"] != "<module>"
+            if (c := component(f["path"])).startswith("projector/")
+            and f["func"] not in _ENTRY_POINTS
         }
         inclusive.update(dict.fromkeys(ours, n))
     if not total:
@@ -98,9 +103,7 @@ def summarize(collapsed: str, top: int = 15) -> dict[str, Any]:
         "self_by_component": [
             [name, round(100 * n / total, 1)] for name, n in by_component.most_common()
         ],
-        "projector_inclusive": [  # the entry points that hold the whole process left out
-            [name, round(100 * n / total, 1)]
-            for name, n in inclusive.most_common()
-            if n < 0.9 * total
-        ][:top],
+        "projector_inclusive": [
+            [name, round(100 * n / total, 1)] for name, n in inclusive.most_common(top)
+        ],
     }

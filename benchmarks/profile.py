@@ -139,9 +139,10 @@ async def one(
 
 
 def call_tree(text: str) -> list[str]:
-    """pyinstrument's tree from the event loop's handles down (start-up imports left out)."""
+    """pyinstrument's tree from the event loop down (start-up imports left out)."""
     lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if "Handle._run" in line), 0)
+    loop = ("Handle._run", "Runner.run")  # asyncio's loop runs Handles; uvloop's is native
+    start = next((i for i, line in enumerate(lines) if any(h in line for h in loop)), 0)
     end = next((i for i, line in enumerate(lines) if "<module>  projector/app.py" in line), None)
     return [line.rstrip() for line in lines[start:end]]
 
@@ -190,7 +191,11 @@ async def main() -> None:
             f"CPU per write, 1 -> {large} / 1 -> {small} p50": cpu[f"projector 1 -> {large}"]
             / cpu[f"projector 1 -> {small}"]
         }
-        params = {"rounds": args.rounds, "flags": args.flag, "method": "benchmarks.profile"}
+        params = {
+            "rounds": args.rounds,
+            "flags": ["--qps=0", *args.flag],
+            "method": "benchmarks.profile",
+        }
         write_result(
             "cpu-per-write",
             params,

@@ -314,8 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_mod.parse(argv)
     configure_logging(cfg.log_level)
     try:
-        # uvloop, not asyncio's own loop: its transports and TLS cost 12-15% less CPU per copy
-        # write (write-path-11-uvloop in docs/benchmarks.md), the fan-out time unchanged.
+        # uvloop, not asyncio's own loop: 5-8% less CPU per copy write side by side
+        # (write-path-11-uvloop in docs/benchmarks.md; a first run read 12-15%), the fan-out
+        # time unchanged.
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(run(cfg))
     except (ProjectorError, OSError) as e:
