@@ -184,7 +184,8 @@ each needs its own pod).
 Exact commands of this page: `make bench` (that is `python -m benchmarks full`, then
 `python -m benchmarks.pod_latency --rotations 30` under the node's lock, then
 `python -m benchmarks.report`, which also writes docs/scaling.md), `python -m
-benchmarks.before_after 08b2335`, `python -m benchmarks.profile` (cpu-per-write) and
+benchmarks.before_after 08b2335`, `python -m benchmarks.profile 100 1000 --rounds 7
+--cpu-profile --profile` (cpu-per-write; the dev venv, which has py-spy and pyinstrument) and
 `python -m benchmarks.tracing` (tracing), the last two run on their own (their sections say
 at which commit).
 
