@@ -14,21 +14,13 @@ import orjson
 from projector.api import Obj
 from projector.errors import ApiError, ServerError, api_error
 
-SMALL_BODY = 64 * 1024
-"""Bytes up to which a body of announced length is read in one call (a write's answer)."""
 
-
-async def read_body(response: aiohttp.ClientResponse) -> bytes | bytearray:
+async def read_body(response: aiohttp.ClientResponse) -> bytearray:
     """A whole response body, grown in place as it arrives.
 
     aiohttp's `read()` keeps every chunk until the end and joins them into a second copy: a
-    page of 1 MiB Secrets would briefly be held twice before it is even parsed. A small body
-    of known length (every write's metadata-only answer) is read at once instead: one await,
-    not a loop over its chunks.
+    page of 1 MiB Secrets would briefly be held twice before it is even parsed.
     """
-    length = response.content_length
-    if length is not None and length <= SMALL_BODY:
-        return await response.read()
     body = bytearray()
     async for chunk in response.content.iter_any():
         body += chunk
