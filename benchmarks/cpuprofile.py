@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 RATE = 250
-"""Samples per second: py-spy reads the process from outside, so the rate costs it nothing."""
+"""Samples per second. py-spy reads the process from outside without pausing it, which still
+costs it some: 0.90 ms of CPU per copy write sampled, 0.81 unsampled (cpu-per-write)."""
 
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<path>[^()]*):\d+\)$")
 _COMPONENTS = (
     ("aiohttp (HTTP client)", ("aiohttp/", "yarl/", "multidict/", "propcache/")),
-    ("TLS", ("/ssl.py", "asyncio/sslproto.py")),
+    ("TLS", ("/ssl.py", "asyncio/sslproto.py")),  # asyncio's loop; uvloop's TLS is native
     ("event loop", ("asyncio/", "selectors.py", "uvloop/")),
     ("prometheus-client", ("prometheus_client/",)),
     ("JSON (orjson, json)", ("orjson", "json/")),
