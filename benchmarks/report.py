@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import re
 from collections.abc import Callable
@@ -220,10 +221,15 @@ def render(
     any_doc = next(iter(docs.values()), None)
     if any_doc:
         mach = any_doc["machine"]
+        commits = collections.Counter(d["commit"] for d in docs.values())
+        at = f"commit `{any_doc['commit']}` on {any_doc['date'][:10]}"
+        if len(commits) > 1:  # runs of their own beside the last full one: say which is which
+            (c, n), *_ = commits.most_common(1)
+            at = f"{len(commits)} commits, each section naming its own ({n} files at `{c}`)"
         out += [
-            f"Measured at commit `{any_doc['commit']}` on {any_doc['date'][:10]}: "
-            f"{mach['cpus']} CPUs ({mach['cpu']}), {mach['memory_gib']} GiB, Python "
-            f"{mach['python']}; load average at start {fmt(mach['load_avg_at_start'][0])}.",
+            f"Measured at {at}: {mach['cpus']} CPUs ({mach['cpu']}), {mach['memory_gib']} GiB, "
+            f"Python {mach['python']}; load average at start "
+            f"{fmt(mach['load_avg_at_start'][0])}.",
             "",
         ]
     plots = {
