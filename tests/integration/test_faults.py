@@ -188,8 +188,8 @@ def test_controller_killed_mid_fan_out_converges_without_strays_or_duplicates(
     assert recreated == []  # the first process' copies were kept, not re-created
     assert set(created) <= targets and set(created.values()) == {1}  # once each, nowhere else
     unmade = targets - set(created) - cut
+    # (a cut-off create's copy may even land after `before` was listed: the server finishes it)
     assert not unmade, [w for w in creates if w.namespace in unmade]  # each copy had its create
-    assert cut <= set(before)  # and a cut-off create's copy is one the first process made
 
 
 def _creates_into(audit_log: Path, since: datetime, targets: set[str]) -> list[AuditWrite]:
