@@ -169,7 +169,9 @@ async def main() -> None:
     extra: dict[str, Any] = {}
     if args.cpu_profile:
         n, collapsed = max(args.sizes), args.out / "py-spy.txt"
-        ms = await one(args.kubeconfig, args.out, n, args.rounds, False, args.flag, None, collapsed)
+        ms = await one(
+            args.kubeconfig, args.out, n, args.rounds, False, args.flag, sampled_into=collapsed
+        )
         systems[f"projector 1 -> {n} sampled by py-spy"] = {
             "client_cpu_per_write": summary(ms, "ms")
         }

@@ -222,10 +222,11 @@ def render(
     if any_doc:
         mach = any_doc["machine"]
         commits = collections.Counter(d["commit"] for d in docs.values())
-        at = f"commit `{any_doc['commit']}` on {any_doc['date'][:10]}"
         if len(commits) > 1:  # runs of their own beside the last full one: say which is which
-            (c, n), *_ = commits.most_common(1)
+            c, n = commits.most_common(1)[0]
             at = f"{len(commits)} commits, each section naming its own ({n} files at `{c}`)"
+        else:
+            at = f"commit `{any_doc['commit']}` on {any_doc['date'][:10]}"
         out += [
             f"Measured at {at}: {mach['cpus']} CPUs ({mach['cpu']}), {mach['memory_gib']} GiB, "
             f"Python {mach['python']}; load average at start "

@@ -22,7 +22,7 @@ from tenacity import (
 
 from projector.errors import ApiError, Conflict, TooManyRequests
 
-log = structlog.get_logger("projector.writer")
+log = structlog.get_logger("projector.writer")  # the status writes' retries: the writer's log
 
 
 MAX_RETRY_AFTER = 10.0

@@ -443,10 +443,10 @@ def first_projection(
     tmp_path: Path,
     namespaces: tuple[str, str],
     tag: str,
-) -> tuple[str, ControllerProcess]:
+) -> tuple[str, ControllerProcess, Path]:
     """A new user's first projection, `src` -> `dst`, run by the chart's ServiceAccount and
-    RBAC (no kubelet: no pod): the grant's name and the controller, started; the source holds
-    {"api-token": "CANARY-<tag>-1"}."""
+    RBAC (no kubelet: no pod): the grant's name, the controller (started) and the
+    ServiceAccount's kubeconfig; the source holds {"api-token": "CANARY-<tag>-1"}."""
     src, dst = namespaces
     for ns in namespaces:
         with contextlib.suppress(client.ApiException):  # already there
@@ -454,7 +454,7 @@ def first_projection(
     k8s.source(src, "hub", {"api-token": f"CANARY-{tag}-1"}, export_to=dst)
     grant = k8s.grant((src, "hub"), name=f"{tag}-hub", namespaces=[dst])
     kubeconfig = sa_kubeconfig(plane, api, tmp_path / "sa.kubeconfig")
-    return grant, launch(kubeconfig, tmp_path / "controller.log")
+    return grant, launch(kubeconfig, tmp_path / "controller.log"), kubeconfig
 
 
 def released_objects(api: client.ApiClient) -> list[str]:
@@ -531,7 +531,9 @@ def test_helm_install_upgrade_uninstall_on_a_real_api_server(
 
     # a new user's first projection, by the chart's ServiceAccount and RBAC (no kubelet: no pod)
     src, dst = "jupyterhub", "dask-gateway"
-    grant, ctl = first_projection(k8s, fresh_plane, fresh_api, tmp_path, (src, dst), "helm")
+    grant, ctl, kubeconfig = first_projection(
+        k8s, fresh_plane, fresh_api, tmp_path, (src, dst), "helm"
+    )
     try:
         eventually(ctl.ready, timeout=30, message="controller /readyz")
         eventually(lambda: k8s.copy_data(dst, "hub") == {"api-token": "CANARY-helm-1"})
@@ -562,7 +564,7 @@ def test_helm_install_upgrade_uninstall_on_a_real_api_server(
         assert cm.metadata.labels["grafana_dashboard"] == "1"
 
         # the policy: projector's ServiceAccount may write only Secrets with its label
-        sa = client.CoreV1Api(api_client(tmp_path / "sa.kubeconfig"))  # first_projection's
+        sa = client.CoreV1Api(api_client(kubeconfig))
         foreign = client.V1Secret(metadata=client.V1ObjectMeta(name="not-projectors"))
 
         def refused() -> bool:
@@ -709,7 +711,7 @@ def test_deleting_the_controller_application_as_argo_cd_would_leaves_crd_grants_
 
     eventually(established, message="CRD Established")
     src, dst = "argo-producer", "argo-consumer"
-    grant, ctl = first_projection(k8s, fresh_plane, fresh_api, tmp_path, (src, dst), "argo")
+    grant, ctl, _ = first_projection(k8s, fresh_plane, fresh_api, tmp_path, (src, dst), "argo")
     try:
         eventually(lambda: k8s.copy_data(dst, "hub") == {"api-token": "CANARY-argo-1"})
     finally:
