@@ -5,8 +5,9 @@ shows the last copy with the new value (for every system alike). Each system run
 block (started for it, stopped after it); blocks alternate, so drifts in machine load hit all
 alike; each block's first sample is a warm-up, dropped and counted in the result file.
 
-- fanout:  1 source -> N namespaces. Floor: the same N PUTs by a bare asyncio writer on
-           aiohttp + orjson in its own process (benchmarks/floor.py), same concurrency (32),
+- fanout:  1 source -> N namespaces. Floor: the same N PUTs by a bare asyncio writer
+           (raw HTTP/1.1 read by llhttp, orjson, uvloop) in its own process
+           (benchmarks/floor.py), same concurrency (32),
            timed to the watch event of its last write. Peers: projection and
            kubernetes-replicator, built from source, each with its own source and copies.
            Client CPU per write: the controller's process CPU (/proc, user + system) from
@@ -15,7 +16,7 @@ alike; each block's first sample is a warm-up, dropped and counted in the result
            around its writes, in its own process, / writes; a peer's like the controller's,
            / copies.
 - latency: one source, one copy, updates at a fixed rate. Floor: two write+watch round trips
-           (what the controller must do) on the same aiohttp + orjson client.
+           (what the controller must do) on the same client.
 - burst:   many updates in about a second to one source with many copies: writes per copy
            (MODIFIED events seen), and whether the final state is exact.
 - restart: a world of G grants x K namespaces; restart the controller: time to ready, time to
@@ -38,7 +39,7 @@ from kubernetes import client as k8s
 
 from benchmarks import peers
 from benchmarks.common import RESULTS, summary, write_result
-from benchmarks.floor import WRITE_CONCURRENCY, FloorProcess, Observer, observer
+from benchmarks.floor import FLOOR_CLIENT, WRITE_CONCURRENCY, FloorProcess, Observer, observer
 from benchmarks.harness import (
     Watcher,
     controller,
@@ -265,7 +266,7 @@ async def fanout(
             "warmup_dropped": warmups,
             "flags": list(flags),
             "write_concurrency": WRITE_CONCURRENCY,
-            "floor_client": "aiohttp + orjson, own process",
+            "floor_client": FLOOR_CLIENT,
             "peer_blocks": peer_blocks,
             "peers_unavailable": unavailable,
         },
@@ -334,7 +335,7 @@ async def latency(
 
     projector (each debounce): t0 just before the source update is sent, t1 the watch event of
     the copy. The floor: two write+watch round trips (write A, see A, write B, see B: the least a
-    controller must do) by the aiohttp + orjson client, timed in its own process.
+    controller must do) by the floor's client, timed in its own process.
     """
     src, dst = "lat-src", "lat-dst"
     await namespaces(kube, [src, dst], {})
@@ -406,7 +407,7 @@ async def latency(
                 **{k: v.warmup_dropped for k, v in floors.items()},
             },
             "floor_clients": {
-                FLOOR: "aiohttp + orjson, own process (benchmarks/floor.py)",
+                FLOOR: f"{FLOOR_CLIENT} (benchmarks/floor.py)",
                 PLAIN_FLOOR: "http.client + json, a watch thread, own process "
                 "(benchmarks/floor_sync.py)",
             },

@@ -1,9 +1,12 @@
-"""The floor: a bare asyncio writer on the fastest client here (aiohttp + orjson), own process.
+"""The floor: a bare asyncio writer on the fastest client here, in its own process, on uvloop.
 
-Not projector's client (`projector.kube.Kube`): the floor is what the API server allows a client
-that does nothing but the writes, so it must not inherit projector's client costs. It speaks
-HTTPS with the admin kubeconfig's own credentials (client certificate and key, CA), builds an
-`ssl.SSLContext` from them, and holds one `aiohttp` session with a bounded connection pool.
+Not projector's client (`projector.kube.Kube`, `projector.http1`): the floor is what the API
+server allows a client that does nothing but the writes, so it must not inherit projector's
+client costs. It speaks HTTPS with the admin kubeconfig's own credentials (client certificate
+and key, CA), built into an `ssl.SSLContext`. Its PUTs go over `Lines`: kept-alive connections,
+each carrying one request at a time, the responses read by llhttp (httptools) and the JSON by
+orjson; no pool, no timeouts, no retries, so per write it costs a third of aiohttp's CPU.
+Lists and watches, a few per run, use one aiohttp session.
 
 It runs as a subprocess (`python -m benchmarks.floor KUBECONFIG`) driven by JSON lines on stdin,
 one answer line on stdout per command, so that its CPU can be attributed: nothing else runs in
@@ -38,16 +41,20 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
-from urllib.parse import quote
+from typing import Any, cast
+from urllib.parse import quote, urlsplit
 
 import aiohttp
+import httptools
 import orjson
+import uvloop
 import yaml
 
 from benchmarks.common import REPO
 
 WRITE_CONCURRENCY = 32  # projector's default --write-concurrency
+FLOOR_CLIENT = "raw HTTP/1.1 + llhttp (httptools) + orjson on uvloop, own process"
+"""What the result files say the floor is (before session 13's results: aiohttp + orjson)."""
 
 
 def _data(entry: dict[str, Any], key: str, base: Path) -> bytes | None:
@@ -86,11 +93,87 @@ def ssl_and_headers(kubeconfig: Path) -> tuple[str, ssl.SSLContext, dict[str, st
     return cluster["server"].rstrip("/"), ctx, headers
 
 
+class _Line(asyncio.Protocol):
+    """One kept-alive connection: a request written whole, its response handed to a future."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.answer: asyncio.Future[tuple[int, bytes]] | None = None
+        self.parts: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+
+    def on_body(self, part: bytes) -> None:
+        self.parts.append(part)
+
+    def on_message_complete(self) -> None:
+        assert self.answer is not None
+        self.answer.set_result((self.parser.get_status_code(), b"".join(self.parts)))
+        self.parts = []
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.answer is not None and not self.answer.done():
+            self.answer.set_exception(ConnectionError(f"the server hung up: {exc}"))
+
+    def exchange(self, request: bytes) -> asyncio.Future[tuple[int, bytes]]:
+        assert self.transport is not None
+        self.answer = asyncio.get_running_loop().create_future()
+        self.transport.write(request)
+        return self.answer
+
+
+class Lines:
+    """At most `limit` `_Line`s, opened when first needed, each reused by the next request."""
+
+    def __init__(self, server: str, ssl_ctx: ssl.SSLContext, headers: dict[str, str], limit: int):
+        url = urlsplit(server)
+        self.host, self.port, self.ssl = url.hostname or "", url.port or 443, ssl_ctx
+        fields = {"Host": url.netloc, **headers}
+        self.head = "".join(f"{k}: {v}\r\n" for k, v in fields.items()).encode()
+        self.free: asyncio.LifoQueue[_Line | None] = asyncio.LifoQueue()
+        for _ in range(limit):
+            self.free.put_nowait(None)
+
+    async def put(self, path: str, body: bytes) -> tuple[int, bytes]:
+        line = await self.free.get()
+        try:
+            if line is None:
+                _, line = await asyncio.get_running_loop().create_connection(
+                    _Line, self.host, self.port, ssl=self.ssl
+                )
+            request = b"PUT %s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n%s" % (
+                path.encode(),
+                self.head,
+                len(body),
+                body,
+            )
+            answer = await line.exchange(request)
+        except BaseException:
+            if line is not None and line.transport is not None:
+                line.transport.close()
+            self.free.put_nowait(None)
+            raise
+        self.free.put_nowait(line)
+        return answer
+
+    def close(self) -> None:
+        while not self.free.empty():
+            line = self.free.get_nowait()
+            if line is not None and line.transport is not None:
+                line.transport.close()
+
+
 class FloorClient:
-    """The least client: PUT, GET/list and watch of Secrets, JSON by orjson, one aiohttp session."""
+    """The least client: PUTs on `Lines`, GET/list and watch on one aiohttp session, orjson."""
 
     def __init__(self, kubeconfig: Path, limit: int = 64) -> None:
         self.server, ssl_ctx, headers = ssl_and_headers(kubeconfig)
+        self.lines = Lines(self.server, ssl_ctx, headers, limit)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=ssl_ctx, limit=limit),
             headers=headers,
@@ -99,6 +182,7 @@ class FloorClient:
         )
 
     async def close(self) -> None:
+        self.lines.close()
         await self.session.close()
 
     @staticmethod
@@ -115,13 +199,11 @@ class FloorClient:
 
     async def put(self, body: dict[str, Any]) -> dict[str, Any]:
         m = body["metadata"]
-        url = self.server + self.secret_path(m["namespace"], m["name"])
-        async with self.session.put(
-            url, data=orjson.dumps(body), params={"fieldManager": "floor"}
-        ) as r:
-            out: dict[str, Any] = orjson.loads(await r.read())
-            if r.status != 200:
-                raise RuntimeError(f"PUT {url}: {r.status} {out.get('message')}")
+        path = self.secret_path(m["namespace"], m["name"])
+        status, raw = await self.lines.put(f"{path}?fieldManager=floor", orjson.dumps(body))
+        out: dict[str, Any] = orjson.loads(raw)
+        if status != 200:
+            raise RuntimeError(f"PUT {path}: {status} {out.get('message')}")
         return out
 
     async def get(self, namespace: str, name: str) -> dict[str, Any]:
@@ -368,4 +450,5 @@ class FloorProcess:
 
 
 if __name__ == "__main__":
-    asyncio.run(serve(Path(sys.argv[1])))
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # as projector runs
+        runner.run(serve(Path(sys.argv[1])))

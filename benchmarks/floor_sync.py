@@ -1,6 +1,6 @@
 """The plain floor: two write+watch round trips on a synchronous stdlib client, own process.
 
-The second floor of the one-change benchmark, beside the aiohttp + orjson one
+The second floor of the one-change benchmark, beside the asyncio one
 (`benchmarks/floor.py`), to tell whether that floor carries overhead of its own (an event loop,
 a session, a thread hop to read stdin). Here nothing but `http.client` and `json`: PUTs on one
 kept-alive HTTPS connection from the caller's thread, the watch on another connection read by

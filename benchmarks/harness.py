@@ -1,7 +1,7 @@
 """End-to-end benchmark plumbing: a control plane, bulk setup, a controller process, a watcher.
 
 The harness sets things up with projector's own client (`projector.kube.Kube`), but triggers
-and observes end-to-end samples with `benchmarks.floor.Observer` (aiohttp + orjson), so the
+and observes end-to-end samples with `benchmarks.floor.Observer` (the floor's client), so the
 observer is the same, and fast, whatever the system under test; the floor is a separate process
 on that client (see `benchmarks/floor.py`). Every system, projector, the floor and the peers,
 runs with the same admin identity (exempt from API priority and fairness), against the same

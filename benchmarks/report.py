@@ -126,31 +126,32 @@ projector, ...), so drifts in machine load hit all alike; the first sample of ev
 warm-up, dropped and counted (`warmup_dropped` in the parameters). Times: t0 is taken just
 before the triggering write is sent (the source update; for the floor, its first PUT), t1 is the
 receipt of the watch event showing the last copy with the new value; the trigger and the watch
-are the harness's own aiohttp + orjson client (`benchmarks.floor.Observer`), the same for every
+are the harness's own client, the floor's (`benchmarks.floor.Observer`), the same for every
 system. Medians (p50), p99 and max over the samples shown; the machine is a shared 2-core VM, so
 only ratios measured in the same run mean much, and a ratio below 1 against the floor would be a
 bug in the benchmark.
 
-The floor (`benchmarks/floor.py`) is a bare asyncio writer on the fastest client here, aiohttp +
-orjson, in its own process, with the admin kubeconfig's client certificate, key and CA in an
-`ssl.SSLContext` (not projector's client): the same PUTs (with the last known resourceVersion),
-the same concurrency as projector's write path (32), timed to the watch event of its last write.
-For one change and one copy, the floor is two write+watch round trips on that client (write A,
-see A, write B, see B), the least a controller must do; beside it, in the same run and in
+The floor (`benchmarks/floor.py`) is a bare asyncio writer on the fastest client here (raw HTTP/1.1
+on kept-alive connections, responses read by llhttp, orjson, uvloop) in its own process, with the
+admin kubeconfig's client certificate, key and CA in an `ssl.SSLContext` (not projector's client;
+results before session 13 used aiohttp + orjson): the same PUTs (with the last known
+resourceVersion), the same concurrency as projector's write path (32), timed to the watch event of
+its last write. For one change and one copy, the floor is two write+watch round trips on that client
+(write A, see A, write B, see B), the least a controller must do; beside it, in the same run and in
 alternating blocks, the same two round trips on a plain synchronous client
 (`benchmarks/floor_sync.py`: `http.client` + `json`, the watch read by a thread of the same
-process), to show whether the aiohttp floor carries overhead of its own; each floor's table
-splits its samples at each write's response and watch event. Where projector's milliseconds go:
-one more block of debounce-0 samples with the controller exporting spans to a real OpenTelemetry
-Collector, each sample split at its `reconcile` span's start and its `write` span's start and
-end (span times converted to the monotonic clock with one offset); tracing costs CPU of its own,
-so those samples are not in projector's series. Client CPU per write: for projector, the
-controller process's CPU time (/proc, user + system) from just before the trigger until it has
-used no CPU for 0.3 s after the last copy (so its handling of its own writes' watch events
-counts; nothing is asked of it in that window), divided by its Update writes
-(projector_writes_total, read outside the window); for the floor, `time.process_time()` around
-its writes in its own process (nothing else runs there), divided by the writes; for peers, like
-projector's, divided by the copies (10 ms clock ticks: coarse for small fan-outs).
+process), to show whether the asyncio floor carries overhead of its own; each floor's table splits
+its samples at each write's response and watch event. Where projector's milliseconds go: one more
+block of debounce-0 samples with the controller exporting spans to a real OpenTelemetry Collector,
+each sample split at its `reconcile` span's start and its `write` span's start and end (span times
+converted to the monotonic clock with one offset); tracing costs CPU of its own, so those samples
+are not in projector's series. Client CPU per write: for projector, the controller process's CPU
+time (/proc, user + system) from just before the trigger until it has used no CPU for 0.3 s after
+the last copy (so its handling of its own writes' watch events counts; nothing is asked of it in
+that window), divided by its Update writes (projector_writes_total, read outside the window); for
+the floor, `time.process_time()` around its writes in its own process (nothing else runs there),
+divided by the writes; for peers, like projector's, divided by the copies (10 ms clock ticks: coarse
+for small fan-outs).
 
 Peers, built from source by `benchmarks/peers/build.sh` (archives of their public repositories
 outside this repository, dependencies from the Go module proxy; `go install` of the pinned
@@ -443,7 +444,7 @@ def targets(docs: dict[str, Any], results: Path = RESULTS) -> list[str]:
         ),
         (
             "fan-out 1 -> 100, last copy, p50",
-            "<= 1.25 x the aiohttp floor, `--debounce 0`",
+            "<= 1.25 x the floor, `--debounce 0`",
             f"{v(r100d)} x with --debounce 0 (projector "
             f"{v(_get(docs, f100d, 'projector', 'last_copy'), 'ms')}, floor "
             f"{v(_get(docs, f100d, 'floor', 'last_copy'), 'ms')}); beside it, "
@@ -454,7 +455,7 @@ def targets(docs: dict[str, Any], results: Path = RESULTS) -> list[str]:
         ),
         (
             "fan-out 1 -> 1,000, p50",
-            "<= 1.25 x the aiohttp floor, `--qps 0`",
+            "<= 1.25 x the floor, `--qps 0`",
             f"{v(r1000q)} x with --qps 0 (projector "
             f"{v(_get(docs, 'fanout-1000-qps0', 'projector', 'last_copy'), 'ms')}, floor "
             f"{v(_get(docs, 'fanout-1000-qps0', 'floor', 'last_copy'), 'ms')}); beside it, "

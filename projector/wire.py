@@ -1,6 +1,6 @@
-"""The API server's answers, read: bodies, watch event lines, errors from Status objects.
+"""The API server's answers, read: watch event lines, errors from Status objects.
 
-Pure but for reading the response stream; the client (`kube`) sends, this reads what came back.
+Pure but for reading a watch stream; the client (`kube`) sends, this reads what came back.
 """
 
 from __future__ import annotations
@@ -13,18 +13,6 @@ import orjson
 
 from projector.api import Obj
 from projector.errors import ApiError, ServerError, api_error
-
-
-async def read_body(response: aiohttp.ClientResponse) -> bytearray:
-    """A whole response body, grown in place as it arrives.
-
-    aiohttp's `read()` keeps every chunk until the end and joins them into a second copy: a
-    page of 1 MiB Secrets would briefly be held twice before it is even parsed.
-    """
-    body = bytearray()
-    async for chunk in response.content.iter_any():
-        body += chunk
-    return body
 
 
 async def watch_lines(content: aiohttp.StreamReader) -> AsyncGenerator[tuple[str, Obj], None]:
