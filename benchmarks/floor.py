@@ -101,6 +101,7 @@ class _Line(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.answer: asyncio.Future[tuple[int, bytes]] | None = None
         self.parts: list[bytes] = []
+        self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -117,6 +118,7 @@ class _Line(asyncio.Protocol):
         self.parts = []
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
         if self.answer is not None and not self.answer.done():
             self.answer.set_exception(ConnectionError(f"the server hung up: {exc}"))
 
@@ -142,6 +144,8 @@ class Lines:
     async def put(self, path: str, body: bytes) -> tuple[int, bytes]:
         line = await self.free.get()
         try:
+            if line is not None and line.lost:
+                line = None  # the server closed it while idle: a write to it would be lost
             if line is None:
                 _, line = await asyncio.get_running_loop().create_connection(
                     _Line, self.host, self.port, ssl=self.ssl
