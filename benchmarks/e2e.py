@@ -548,6 +548,10 @@ async def _fanout_blocks(
             await fp.call("load", selector=f"bench-floor={tag}")
             for i in range(per_block + 1):
                 floor_value = values.next()
+                # The same quiet gap as projector's samples get (its CPU window's 0.3 s): back
+                # to back, a sample began while the API server still worked off the last one's
+                # writes, and the floor read 55 or 90 ms by turns, slower than projector.
+                await cpu_when_quiet(fp.pid)
                 r = await fp.call(
                     "fanout", key="token", value=floor_value, concurrency=WRITE_CONCURRENCY
                 )

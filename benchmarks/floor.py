@@ -425,6 +425,11 @@ class FloorProcess:
             )
         return self
 
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
     async def call(self, op: str, **args: Any) -> dict[str, Any]:
         assert self.proc and self.proc.stdin and self.proc.stdout
         self.proc.stdin.write(orjson.dumps({"op": op, **args}) + b"\n")
