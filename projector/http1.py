@@ -1,12 +1,13 @@
-"""Request/response calls over keep-alive HTTP/1.1: a copy write at a third of aiohttp's CPU.
+"""Request/response calls over keep-alive HTTP/1.1, at a third of aiohttp's client CPU.
 
 Every copy write is one request, so a request's client cost is the controller's cost per copy.
-With the same TLS, bodies and concurrency against this API server (write-path-13-http1 in
-docs/benchmarks.md), aiohttp's client spent 0.32-0.45 ms of CPU per PUT in its own Python code
-(request and response objects, header multidicts, URL handling, tracing hooks); this client,
-with llhttp parsing the responses (httptools, the parser uvicorn uses), spends 0.12-0.18 ms.
-Watches stay on aiohttp (`projector.kube.Kube.stream`): a few long-lived streams, whose cost is
-per event, not per request.
+Bare PUTs with the same TLS, bodies and concurrency against the same API server cost 0.32-0.45
+ms of CPU each on aiohttp (request and response objects, header multidicts, URL handling,
+tracing hooks) and 0.12-0.18 ms on llhttp (httptools, the parser uvicorn uses) with this
+protocol; the whole controller went from 0.27-0.30 to 0.19-0.20 ms per copy write
+(write-path-13-http1 in docs/benchmarks.md). Watches stay on aiohttp
+(`projector.kube.Kube.stream`): a few long-lived streams, whose cost is per event, not per
+request.
 
 A connection carries one request at a time. A pool keeps at most `limit` in use; an idle one is
 reused (most recent first) for `idle` seconds, then closed, so no request finds a connection
