@@ -197,14 +197,15 @@ class Pool:
             else:
                 timer = loop.call_at(min(deadline, conn.last_read + read_timeout), check)
 
-        timer = loop.call_at(min(deadline, conn.last_read + read_timeout), check)
+        check()  # arms the first timer (or fails at once if the deadline passed waiting)
         try:
             return await response
         except BaseException:
             conn.close()  # never reused mid-response (a cancellation included)
             raise
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
 
     def _reuse(self, now: float) -> _Connection | None:
         """The most recently parked live connection, closing the ones idle too long."""

@@ -33,7 +33,7 @@ import importlib.util
 import ssl as tls
 import sys
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable
 from types import ModuleType
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -196,18 +196,11 @@ class Kube(Api):
 
         All but the first and last line are built once per (content type, accept, token).
         """
-        token = self._auth.token
-        key = (req.content_type, req.accept, token)
+        key = (req.content_type, req.accept, self._auth.token)
         headers = self._header_cache.get(key)
         if headers is None:
-            fields = {
-                "Host": self._host_header,
-                "User-Agent": self._user_agent,
-                "Content-Type": req.content_type,
-                "Accept": req.accept,
-            }
-            if token:
-                fields["Authorization"] = f"Bearer {token}"
+            fields = {"Host": self._host_header, "User-Agent": self._user_agent}
+            fields.update(self._fields(req))
             if any("\r" in v or "\n" in v for v in fields.values()):
                 raise ProjectorError("a request header (a token?) holds a line break: not sent")
             headers = "".join(f"{k}: {v}\r\n" for k, v in fields.items()).encode("latin-1")
@@ -217,12 +210,15 @@ class Kube(Api):
         end = f"Content-Length: {length}\r\n\r\n" if length or req.method != "GET" else "\r\n"
         return f"{req.method} {target} HTTP/1.1\r\n".encode() + headers + end.encode()
 
-    def _stream_headers(self, req: Request) -> Mapping[str, str]:
-        """A watch's headers, for aiohttp (which adds Host and User-Agent itself)."""
-        headers = {"Content-Type": req.content_type, "Accept": req.accept}
+    def _fields(self, req: Request) -> dict[str, str]:
+        """The headers a request names: its media types and the current token.
+
+        A watch sends these alone: aiohttp, which carries it, adds Host and User-Agent.
+        """
+        fields = {"Content-Type": req.content_type, "Accept": req.accept}
         if self._auth.token:
-            headers["Authorization"] = f"Bearer {self._auth.token}"
-        return headers
+            fields["Authorization"] = f"Bearer {self._auth.token}"
+        return fields
 
     async def send(self, req: Request) -> Obj:
         """Send one request: rate-limited, fenced if a write, re-authenticated once on a 401."""
@@ -304,7 +300,7 @@ class Kube(Api):
             async with self._session.get(
                 URL(self._server + self._path(req), encoded=True),
                 params=req.query,
-                headers=self._stream_headers(req),
+                headers=self._fields(req),
                 timeout=timeout,
                 server_hostname=self._server_name,
             ) as response:

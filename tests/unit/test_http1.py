@@ -172,7 +172,7 @@ async def test_a_trickling_response_meets_its_total_deadline() -> None:
             while True:
                 writer.write(b" ")
                 await writer.drain()
-                await asyncio.sleep(0.01)  # the server's pace, not a wait in the test
+                await asyncio.sleep(0.01)  # allowed-sleep: the scripted server's pace
 
     async with serving(trickle) as (_, pool):
         with pytest.raises(TimeoutError, match="total timeout"):
