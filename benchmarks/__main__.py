@@ -104,6 +104,9 @@ async def run_e2e(
                 paths.append(await fanout(peer_blocks=peers, build_peers=size["build_peers"]))
                 if n >= 1_000:  # the default client-side rate limit, then without it
                     paths.append(await fanout(["--qps=0"], name=f"fanout-{n}-qps0"))
+                    # and without the 50 ms debounce too: the engine's own cost, as at 1 -> 100
+                    qd = ["--qps=0", "--debounce=0"]
+                    paths.append(await fanout(qd, name=f"fanout-{n}-qps0-debounce0"))
                 else:  # the default 50 ms debounce, then without it: the engine's own cost
                     paths.append(await fanout(["--debounce=0"], name=f"fanout-{n}-debounce0"))
         if "latency" in only:

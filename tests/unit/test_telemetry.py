@@ -11,6 +11,8 @@ import base64
 import io
 import json
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, MutableMapping
@@ -123,6 +125,27 @@ async def test_every_log_line_of_a_reconcile_carries_grant_reconcile_id_and_trac
         assert event["reconcile_id"] == "1"
         assert event["trace_id"] == f"{root.context.trace_id:032x}"
     _no_canary("logs", json.dumps(captured, default=str))
+
+
+def test_the_controller_loads_structlog_without_rich_and_rich_stays_importable() -> None:
+    """rich (3 MiB of RSS, there only for the CEL package's command line) is not loaded with
+    the controller; a console line still shows an exception's traceback; `import rich` works."""
+    code = (
+        "import io, sys; import projector.app; from projector.logs import configure_logging; "
+        "assert 'rich' not in sys.modules, sorted(m for m in sys.modules if 'rich' in m); "
+        "import structlog\n"
+        "class T(io.StringIO):\n"
+        "    def isatty(self): return True\n"
+        "out = T(); configure_logging(stream=out)\n"
+        "try:\n"
+        "    1 / 0\n"
+        "except ZeroDivisionError:\n"
+        "    structlog.get_logger('t').exception('boom')\n"
+        "line = out.getvalue(); assert 'Traceback' in line and 'ZeroDivisionError' in line, line\n"
+        "import rich.console; assert rich.console.Console"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
 
 
 def test_logs_are_json_on_a_pipe_and_console_lines_on_a_terminal() -> None:
