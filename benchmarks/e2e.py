@@ -7,8 +7,10 @@ alike; each block's first sample is a warm-up, dropped and counted in the result
 
 - fanout:  1 source -> N namespaces. Floor: the same N PUTs by a bare asyncio writer
            (raw HTTP/1.1 read by llhttp, orjson, uvloop) in its own process
-           (benchmarks/floor.py), same concurrency (32),
-           timed to the watch event of its last write. Peers: projection and
+           (benchmarks/floor.py), same concurrency (32), timed to the watch event of its last
+           write: once on minimal Secrets of its own, once on projector's copies themselves
+           (the same bodies: labels, annotations and field manager), the least any
+           controller must write to produce these copies. Peers: projection and
            kubernetes-replicator, built from source, each with its own source and copies.
            Client CPU per write: the controller's process CPU (/proc, user + system) from
            before the trigger until it has used none for 0.3 s after the last copy, / its
@@ -56,6 +58,7 @@ from benchmarks.harness import (
 )
 from projector.api import GRANTS, SECRETS
 from projector.kube import Kube
+from projector.model import FIELD_MANAGER, GRANT_LABEL
 from tests.otel.harness import Collector
 from tests.otel.harness import binary as otel_binary
 from tests.support import api_client, b64
@@ -113,6 +116,25 @@ class Series:
             out["client_cpu_per_write"]["total_writes"] = sum(self.writes)
             out["client_cpu_per_write"]["values"] = [round(x, 4) for x in self.cpu_per_write]
         return out
+
+
+FLOOR_MINIMAL = "floor"
+FLOOR_SAME = "floor (projector's copy bodies)"
+
+
+@dataclass
+class FloorRun:
+    """One floor of a fan-out: the Secrets it PUTs (a selector, their keys), as which manager.
+
+    On minimal Secrets of its own, or on projector's copies themselves with projector's field
+    manager, so the same bytes, labels, annotations and managedFields are written: the
+    difference between the two is what the copies' ownership marks cost the API server.
+    """
+
+    selector: str
+    keys: list[tuple[str, str]]
+    manager: str = "floor"
+    series: Series = field(default_factory=Series)
 
 
 class Values:
@@ -187,11 +209,14 @@ async def fanout(
     )
     await ensure(kube, GRANTS, grant(tag, (src, "hub"), selector={"bench": tag}))
     copies = [(ns, "hub") for ns in targets]
-    floor_keys = [(ns, "floor") for ns in targets]
+    floors = {
+        FLOOR_MINIMAL: FloorRun(f"bench-floor={tag}", [(ns, "floor") for ns in targets]),
+        FLOOR_SAME: FloorRun(f"{GRANT_LABEL}={tag}", copies, manager=FIELD_MANAGER),
+    }
     run = name or f"fanout-{n}"
     values = Values(run)
     await put_value(kube, src, "hub", "token", values.current)
-    proj, floor = Series(), Series()
+    proj = Series()
     unavailable: dict[str, str] = {}
     peer_states: list[PeerState] = []
     if peer_blocks:
@@ -225,9 +250,8 @@ async def fanout(
             src,
             targets,
             copies,
-            floor_keys,
+            floors,
             proj,
-            floor,
             peer_states,
             values,
             blocks,
@@ -235,16 +259,19 @@ async def fanout(
             peer_blocks,
         )
     await kube.delete(GRANTS, tag)
-    systems: dict[str, Any] = {
-        "projector": proj.result("last_copy"),
-        "floor": floor.result("last_copy"),
-    }
-    p, f = systems["projector"]["last_copy"], systems["floor"]["last_copy"]
+    systems: dict[str, Any] = {"projector": proj.result("last_copy")}
+    systems.update((k, fr.series.result("last_copy")) for k, fr in floors.items())
+    p, f = systems["projector"]["last_copy"], systems[FLOOR_MINIMAL]["last_copy"]
+    same = systems[FLOOR_SAME]["last_copy"]
     ratios = {
         "projector/floor p50": p["median"] / f["median"],
         "projector/floor p99": p["p99"] / f["p99"],
+        "projector/floor (same bodies) p50": p["median"] / same["median"],
+        "projector/floor (same bodies) p99": p["p99"] / same["p99"],
+        "floor (same bodies)/floor p50": same["median"] / f["median"],
     }
-    warmups = {"projector": proj.warmup_dropped, "floor": floor.warmup_dropped}
+    warmups = {"projector": proj.warmup_dropped}
+    warmups.update((k, fr.series.warmup_dropped) for k, fr in floors.items())
     for st in peer_states:
         key = f"{st.peer.name} {st.peer.version}"
         systems[key] = st.series.result("last_copy")
@@ -513,9 +540,8 @@ async def _fanout_blocks(
     src: str,
     targets: list[str],
     copies: list[tuple[str, str]],
-    floor_keys: list[tuple[str, str]],
+    floors: dict[str, FloorRun],
     proj: Series,
-    floor: Series,
     peer_states: list[PeerState],
     values: Values,
     blocks: int,
@@ -540,23 +566,25 @@ async def _fanout_blocks(
                 await settle(ctl)
                 w = ctl.metric("projector_writes_total", action="Update", result="ok") - w0
                 proj.add(i == 0, t1 - t0, cpu, w)
-        # the floor
-        async with (
-            FloorProcess(kubeconfig, work / f"floor-{run}.log") as fp,
-            Watcher(obs, f"bench-floor={tag}", "token") as fwatch,
-        ):
-            await fp.call("load", selector=f"bench-floor={tag}")
-            for i in range(per_block + 1):
-                floor_value = values.next()
-                # The same quiet gap as projector's samples get (its CPU window's 0.3 s): back
-                # to back, a sample began while the API server still worked off the last one's
-                # writes, and the floor read 55 or 90 ms by turns, slower than projector.
-                await cpu_when_quiet(fp.pid)
-                r = await fp.call(
-                    "fanout", key="token", value=floor_value, concurrency=WRITE_CONCURRENCY
-                )
-                t1 = await fwatch.reached(floor_keys, floor_value, 600)
-                floor.add(i == 0, t1 - r["t0"], r["cpu"], r["writes"])
+        # the floors (the one on projector's copies leaves them drifted: projector's next
+        # block starts by writing them back, before its samples)
+        for fr in floors.values():
+            async with (
+                FloorProcess(kubeconfig, work / f"floor-{run}.log") as fp,
+                Watcher(obs, fr.selector, "token") as fwatch,
+            ):
+                await fp.call("load", selector=fr.selector, manager=fr.manager)
+                for i in range(per_block + 1):
+                    floor_value = values.next()
+                    # The same quiet gap as projector's samples get (its CPU window's 0.3 s):
+                    # back to back, a sample began while the API server still worked off the
+                    # last one's writes, and the floor read 55 or 90 ms by turns.
+                    await cpu_when_quiet(fp.pid)
+                    r = await fp.call(
+                        "fanout", key="token", value=floor_value, concurrency=WRITE_CONCURRENCY
+                    )
+                    t1 = await fwatch.reached(fr.keys, floor_value, 600)
+                    fr.series.add(i == 0, t1 - r["t0"], r["cpu"], r["writes"])
         # the peers
         if b < peer_blocks:
             for st in peer_states:

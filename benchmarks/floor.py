@@ -16,7 +16,9 @@ Times are `time.monotonic()` (CLOCK_MONOTONIC, shared by every process of the ma
 taken here compares with a watch event timed in the harness process.
 
 Commands:
-- ``{"op": "load", "selector": S}``: list Secrets matching S; keep their bodies to PUT.
+- ``{"op": "load", "selector": S, "manager": M}``: list Secrets matching S; keep their bodies to
+  PUT, as field manager M (default "floor"; "projector" keeps a copy's managedFields as
+  projector's own writes leave them).
 - ``{"op": "fanout", "key": K, "value": V, "concurrency": 32}``: PUT every loaded body with
   data[K] = V (each with its last known resourceVersion), at most `concurrency` in flight.
   Answers t0 (just before the first write is sent), t_done, cpu (process seconds) and writes.
@@ -201,10 +203,10 @@ class FloorClient:
                 raise RuntimeError(f"list {selector}: {r.status} {body}")
         return body["items"], body["metadata"]["resourceVersion"]
 
-    async def put(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def put(self, body: dict[str, Any], manager: str = "floor") -> dict[str, Any]:
         m = body["metadata"]
         path = self.secret_path(m["namespace"], m["name"])
-        status, raw = await self.lines.put(f"{path}?fieldManager=floor", orjson.dumps(body))
+        status, raw = await self.lines.put(f"{path}?fieldManager={manager}", orjson.dumps(body))
         out: dict[str, Any] = orjson.loads(raw)
         if status != 200:
             raise RuntimeError(f"PUT {path}: {status} {out.get('message')}")
@@ -291,8 +293,10 @@ class Floor:
         self.values: dict[tuple[str, str], str] = {}
         self.changed = asyncio.Event()
         self._watch: asyncio.Task[None] | None = None
+        self.manager = "floor"
 
-    async def load(self, selector: str) -> dict[str, Any]:
+    async def load(self, selector: str, manager: str = "floor") -> dict[str, Any]:
+        self.manager = manager
         items, _ = await self.client.list(selector)
         self.bodies = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in items}
         return {"n": len(self.bodies)}
@@ -305,7 +309,7 @@ class Floor:
             async with sem:
                 body = self.bodies[k]
                 body["data"][key] = encoded
-                self.bodies[k] = await self.client.put(body)
+                self.bodies[k] = await self.client.put(body, self.manager)
 
         cpu0 = time.process_time()
         t0 = time.monotonic()
@@ -382,7 +386,7 @@ async def serve(kubeconfig: Path) -> None:
             if op == "quit":
                 return
             if op == "load":
-                out = await floor.load(cmd["selector"])
+                out = await floor.load(cmd["selector"], cmd.get("manager", "floor"))
             elif op == "fanout":
                 out = await floor.fanout(
                     cmd["key"], cmd["value"], cmd.get("concurrency", WRITE_CONCURRENCY)

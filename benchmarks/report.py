@@ -112,6 +112,10 @@ def plot_bars(
     return f"![{title}]({plots.name}/{path.name})"
 
 
+SAME_FLOOR = "floor (projector's copy bodies)"
+SAME_RATIO = "projector/floor (same bodies) p50"
+"""The fan-out floor the targets judge (`benchmarks.e2e.FLOOR_SAME`) and projector's ratio to it."""
+
 METHOD = """
 How these numbers were taken: `make bench` (`make bench-quick` for small sizes, into
 `benchmarks/results-quick/`) starts a fresh local control plane (etcd + kube-apiserver +
@@ -138,7 +142,12 @@ on kept-alive connections, responses read by llhttp, orjson, uvloop) in its own 
 admin kubeconfig's client certificate, key and CA in an `ssl.SSLContext` (not projector's client;
 results before session 13 used aiohttp + orjson): the same PUTs (with the last known
 resourceVersion), the same concurrency as projector's write path (32), timed to the watch event of
-its last write. For one change and one copy, the floor is two write+watch round trips on that client
+its last write. Each fan-out has two floors, in blocks of their own: the floor on minimal Secrets of
+its own, and the floor on projector's copies themselves, PUT as projector's field manager, so the
+same bytes, labels, annotations and managedFields are written: the least any controller must write
+to produce these copies. The fan-out targets are judged on the second (what the engine adds); the
+first is beside it, and the two floors' ratio is what the copies' ownership marks cost the API
+server. For one change and one copy, the floor is two write+watch round trips on that client
 (write A, see A, write B, see B), the least a controller must do; beside it, in the same run and in
 alternating blocks, the same two round trips on a plain synchronous client
 (`benchmarks/floor_sync.py`: `http.client` + `json`, the watch read by a thread of the same
@@ -364,6 +373,17 @@ def targets(docs: dict[str, Any], results: Path = RESULTS) -> list[str]:
     def files(*names: str) -> str:
         return ", ".join(f"`{rel(results / (n + '.json'))}`" for n in names if n in docs) or "none"
 
+    def fan_floors(name: str, flags: str) -> str:
+        """A fan-out run against both floors: the judged one (same bodies), then the other."""
+        return (
+            f"{v(ratio(name, SAME_RATIO))} x with {flags} (projector "
+            f"{v(_get(docs, name, 'projector', 'last_copy'), 'ms')}, the floor writing its "
+            f"copy bodies {v(_get(docs, name, SAME_FLOOR, 'last_copy'), 'ms')}); "
+            f"{v(ratio(name, 'projector/floor p50'))} x the floor on minimal Secrets "
+            f"({v(_get(docs, name, 'floor', 'last_copy'), 'ms')}), the copies' ownership "
+            f"marks costing {v(ratio(name, 'floor (same bodies)/floor p50'))} x"
+        )
+
     def check(x: Any, ok: Callable[[Any], bool]) -> bool | None:
         return None if x is None else ok(x)
 
@@ -385,11 +405,7 @@ def targets(docs: dict[str, Any], results: Path = RESULTS) -> list[str]:
     repl_key = peer_key(f100, "kubernetes-replicator")
     repl_p50 = _get(docs, f100, repl_key, "last_copy") if repl_key else None
     f100d = "fanout-100-debounce0"
-    r100d = ratio(f100d, "projector/floor p50")
-    r1000 = ratio("fanout-1000", "projector/floor p50")
-    r1000q = ratio("fanout-1000-qps0", "projector/floor p50")
     f1000qd = "fanout-1000-qps0-debounce0"
-    r1000qd = ratio(f1000qd, "projector/floor p50")
     rlat = ratio("latency", lat0 + " / floor p50")
     lat_p99 = _get(docs, "latency", lat0, "end_to_end", "p99")
     cpu100 = _get(docs, f100, "projector", "client_cpu_per_write")
@@ -449,28 +465,25 @@ def targets(docs: dict[str, Any], results: Path = RESULTS) -> list[str]:
         (
             "fan-out 1 -> 100, last copy, p50",
             "<= 1.25 x the floor, `--debounce 0`",
-            f"{v(r100d)} x with --debounce 0 (projector "
-            f"{v(_get(docs, f100d, 'projector', 'last_copy'), 'ms')}, floor "
-            f"{v(_get(docs, f100d, 'floor', 'last_copy'), 'ms')}); beside it, "
-            f"{v(ratio(f100, 'projector/floor p50'))} x with the default 50 ms debounce "
-            f"(projector {v(p100, 'ms')}, p99 {v(p99_100, 'ms')})",
-            verdict(check(r100d, lambda x: x <= 1.25)),
+            f"{fan_floors(f100d, '--debounce 0')}; beside it, "
+            f"{v(ratio(f100, 'projector/floor (same bodies) p50'))} x with the default 50 ms "
+            f"debounce (projector {v(p100, 'ms')}, p99 {v(p99_100, 'ms')})",
+            verdict(check(ratio(f100d, SAME_RATIO), lambda x: x <= 1.25)),
             files(f100d, f100),
         ),
         (
             "fan-out 1 -> 1,000, p50",
             "<= 1.25 x the floor, `--qps 0` (and `--debounce 0`)",
-            f"{v(r1000qd)} x with --qps 0 --debounce 0 (projector "
-            f"{v(_get(docs, f1000qd, 'projector', 'last_copy'), 'ms')}, floor "
-            f"{v(_get(docs, f1000qd, 'floor', 'last_copy'), 'ms')}); beside it, "
-            f"{v(r1000q)} x with --qps 0 and the default 50 ms debounce (projector "
-            f"{v(_get(docs, 'fanout-1000-qps0', 'projector', 'last_copy'), 'ms')}, floor "
-            f"{v(_get(docs, 'fanout-1000-qps0', 'floor', 'last_copy'), 'ms')}; "
-            f"{verdict(check(r1000q, lambda x: x <= 1.25))} on that run), and "
-            f"{v(r1000)} x with the default client rate limit (projector "
+            f"{fan_floors(f1000qd, '--qps 0 --debounce 0')}; beside it, "
+            f"{v(ratio('fanout-1000-qps0', SAME_RATIO))} x with --qps 0 and the default 50 ms "
+            f"debounce (projector "
+            f"{v(_get(docs, 'fanout-1000-qps0', 'projector', 'last_copy'), 'ms')}; "
+            f"{verdict(check(ratio('fanout-1000-qps0', SAME_RATIO), lambda x: x <= 1.25))} on "
+            f"that run), and {v(ratio('fanout-1000', SAME_RATIO))} x with the default client "
+            f"rate limit (projector "
             f"{v(_get(docs, 'fanout-1000', 'projector', 'last_copy'), 'ms')}; the token bucket "
             f"alone allows no less than {v(bucket_ms, 'ms')}: (1,000 - {BURST}) / {QPS:g} per s)",
-            verdict(check(r1000qd, lambda x: x <= 1.25)),
+            verdict(check(ratio(f1000qd, SAME_RATIO), lambda x: x <= 1.25)),
             files("fanout-1000", "fanout-1000-qps0", f1000qd),
         ),
         (

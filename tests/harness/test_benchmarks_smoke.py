@@ -61,7 +61,7 @@ def test_benchmarks_run_at_tiny_sizes(tiny: Path) -> None:
         assert all(p["restart_writes"] == 0 for p in scaling["axes"][axis]), axis
     assert scaling["axes"]["rate"][0]["updates"] >= 1
     fanout = load(tiny, "fanout-5")
-    for system in ("projector", "floor"):
+    for system in ("projector", "floor", "floor (projector's copy bodies)"):
         assert fanout["systems"][system]["last_copy"]["samples"] >= 1
         assert fanout["systems"][system]["client_cpu_per_write"]["samples"] >= 1
         assert fanout["parameters"]["warmup_dropped"][system] >= 1
