@@ -14,6 +14,7 @@ import re
 import secrets
 import string
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -504,6 +505,15 @@ class Cluster:
     def cleanup(self) -> None:
         for g in self.grants:
             self.delete_grant(g)
+
+
+def python_runs(code: str) -> None:
+    """Run `code` in a fresh interpreter (nothing imported yet); fail with its stderr if it fails.
+
+    For what only a clean `sys.modules` shows: which packages an import really loads.
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
 
 
 def or_none(read: Callable[[], T]) -> T | None:

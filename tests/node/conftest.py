@@ -29,8 +29,9 @@ from tests.node.node import (
     missing_prerequisites,
     running_node,
 )
+from tests.node.pods import Consumers
 from tests.node.release import Release
-from tests.support import api_client
+from tests.support import Cluster, NamespaceFactory, api_client
 
 BEFORE = pytest.StashKey[HostSnapshot]()
 
@@ -77,6 +78,18 @@ def busybox(node: Node) -> str:
 def apps_v1(admin_client: client.ApiClient) -> client.AppsV1Api:
     """Admin AppsV1Api (Deployments)."""
     return client.AppsV1Api(admin_client)
+
+
+@pytest.fixture
+def consumers(
+    node: Node,
+    busybox: str,
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    core_v1: client.CoreV1Api,
+    apps_v1: client.AppsV1Api,
+) -> Consumers:
+    return Consumers(node, busybox, k8s, make_namespace, core_v1, apps_v1)
 
 
 @pytest.fixture(scope="session")

@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from kubernetes import client
 
-from tests.support import eventually, unique_name
+from tests.node.node import Node
+from tests.support import Cluster, NamespaceFactory, eventually, unique_name
+
+
+@dataclass(frozen=True)
+class Consumers:
+    """What a test of consumer pods uses: the node they run on, the busybox image they run,
+    the cluster's helpers (namespaces, sources, grants) and the admin API for pods and
+    Deployments."""
+
+    node: Node
+    busybox: str
+    k8s: Cluster
+    make_namespace: NamespaceFactory
+    core: client.CoreV1Api
+    apps: client.AppsV1Api
 
 
 def run_pod(

@@ -21,10 +21,9 @@ import yaml
 from kubernetes import client
 
 from tests.launcher import REPO
-from tests.node.node import Node
-from tests.node.pods import consumer_spec
+from tests.node.pods import Consumers, consumer_spec
 from tests.node.release import Release
-from tests.support import Cluster, NamespaceFactory, eventually
+from tests.support import eventually
 
 READER = (
     'echo env=$(printf %s "$PASSWORD" | busybox sha256sum | busybox cut -c1-64); '
@@ -60,13 +59,13 @@ def deployment(name: str, spec: client.V1PodSpec) -> client.V1Deployment:
     )
 
 
-def running_pod(core: client.CoreV1Api, node: Node, namespace: str, app: str) -> str:
+def running_pod(c: Consumers, namespace: str, app: str) -> str:
     """The name of the pod of Deployment `app`, once it runs on the node."""
 
     def running() -> str:
-        pods = core.list_namespaced_pod(namespace, label_selector=f"app={app}").items
+        pods = c.core.list_namespaced_pod(namespace, label_selector=f"app={app}").items
         up = [p for p in pods if p.status.phase == "Running"]
-        assert up and up[0].spec.node_name == node.name, [p.status for p in pods]
+        assert up and up[0].spec.node_name == c.node.name, [p.status for p in pods]
         return str(up[0].metadata.name)
 
     return str(eventually(running, 90, message="the consumer pod Running on the node"))
@@ -82,23 +81,18 @@ def last(log: str, key: str) -> str | None:
 
 
 def test_a_consumer_pod_reads_its_copy_as_a_file_and_an_env_var_and_only_the_file_rotates(
-    node: Node,
-    k8s: Cluster,
-    make_namespace: NamespaceFactory,
-    release: Release,
-    core_v1: client.CoreV1Api,
-    apps_v1: client.AppsV1Api,
-    busybox: str,
+    consumers: Consumers, release: Release
 ) -> None:
-    producer, consumer = make_namespace(), make_namespace()
+    c, k8s = consumers, consumers.k8s
+    producer, consumer = c.make_namespace(), c.make_namespace()
     k8s.source(producer, "db", {"password": "CANARY-pod-1"}, export_to=consumer)
     k8s.grant((producer, "db"), namespaces=[consumer])
     eventually(lambda: k8s.copy_data(consumer, "db") == {"password": "CANARY-pod-1"})
 
-    apps_v1.create_namespaced_deployment(consumer, reader_deployment("reader", busybox))
+    c.apps.create_namespaced_deployment(consumer, reader_deployment("reader", c.busybox))
 
-    pod = running_pod(core_v1, node, consumer, "reader")
-    log = functools.partial(pod_log, core_v1, consumer, pod)
+    pod = running_pod(c, consumer, "reader")
+    log = functools.partial(pod_log, c.core, consumer, pod)
 
     old = digest("CANARY-pod-1")
     eventually(lambda: last(log(), "env") == old and last(log(), "file") == old, 30)
@@ -107,7 +101,7 @@ def test_a_consumer_pod_reads_its_copy_as_a_file_and_an_env_var_and_only_the_fil
     new = digest("CANARY-pod-2")
     eventually(lambda: last(log(), "file") == new, 30, message="the mounted file rotated")
     assert last(log(), "env") == old  # printed once at start: the env var is the start's value
-    current = core_v1.read_namespaced_pod(pod, consumer)
+    current = c.core.read_namespaced_pod(pod, consumer)
     assert current.status.container_statuses[0].restart_count == 0
 
 
@@ -168,13 +162,7 @@ def contract_reader(name: str, image: str) -> client.V1Deployment:
 
 
 def test_a_consumer_pod_reads_the_configmap_contract_next_to_the_secret_one(
-    node: Node,
-    k8s: Cluster,
-    make_namespace: NamespaceFactory,
-    release: Release,
-    core_v1: client.CoreV1Api,
-    apps_v1: client.AppsV1Api,
-    busybox: str,
+    consumers: Consumers, release: Release
 ) -> None:
     """The Nebari example of grants/: JupyterHub publishes its URL and OIDC client id as a
     ConfigMap and its token as a Secret; dask-gateway's pod reads both copies, named alike.
@@ -182,7 +170,8 @@ def test_a_consumer_pod_reads_the_configmap_contract_next_to_the_secret_one(
     The example's own ConfigMap and grants are applied, in fresh namespaces; the ConfigMap's
     rotation reaches the mounted file.
     """
-    producer, consumer = make_namespace(), make_namespace()
+    c, k8s = consumers, consumers.k8s
+    producer, consumer = c.make_namespace(), c.make_namespace()
     shipped = example("grants/examples/producers.yaml", "ConfigMap", "hub-endpoints")["data"]
     data = {k: f"CANARY-pod-{k}" for k in shipped}  # the example's keys; values to search for
     k8s.config_source(producer, "hub-endpoints", data, export_to=consumer)
@@ -206,10 +195,10 @@ def test_a_consumer_pod_reads_the_configmap_contract_next_to_the_secret_one(
         lambda: k8s.copy_data(consumer, "jupyterhub-contract") == {"api-token": "CANARY-pod-3"}
     )
 
-    apps_v1.create_namespaced_deployment(consumer, contract_reader("hub-reader", busybox))
+    c.apps.create_namespaced_deployment(consumer, contract_reader("hub-reader", c.busybox))
 
-    pod = running_pod(core_v1, node, consumer, "hub-reader")
-    log = functools.partial(pod_log, core_v1, consumer, pod)
+    pod = running_pod(c, consumer, "hub-reader")
+    log = functools.partial(pod_log, c.core, consumer, pod)
 
     eventually(
         lambda: (

@@ -21,9 +21,9 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
-from tests.node.node import Node
+from tests.node.pods import Consumers
 from tests.node.release import NAMESPACE, RELEASE, Release
-from tests.support import Cluster, NamespaceFactory, eventually
+from tests.support import eventually
 from tests.workloads import consumer, revision
 
 ROTATIONS = 5
@@ -100,25 +100,18 @@ def decided(release: Release, namespace: str, not_by: str | None = None) -> str 
     return None
 
 
-def opted_in_reader(
-    k8s: Cluster,
-    make_namespace: NamespaceFactory,
-    core: client.CoreV1Api,
-    apps: client.AppsV1Api,
-    busybox: str,
-    value: str,
-) -> tuple[str, str, Reader, tuple[str, str] | None]:
+def opted_in_reader(c: Consumers, value: str) -> tuple[str, str, Reader, tuple[str, str] | None]:
     """A copy `db` holding `value` and a Deployment `reader` that opted in and prints it from
     an env var, Running: (producer, namespace, reader, what its first pod shows)."""
-    producer, ns = make_namespace(), make_namespace()
-    k8s.source(producer, "db", {"password": value}, export_to=ns)
-    k8s.grant((producer, "db"), namespaces=[ns])
-    eventually(lambda: k8s.copy_data(ns, "db") == {"password": value})
+    producer, ns = c.make_namespace(), c.make_namespace()
+    c.k8s.source(producer, "db", {"password": value}, export_to=ns)
+    c.k8s.grant((producer, "db"), namespaces=[ns])
+    eventually(lambda: c.k8s.copy_data(ns, "db") == {"password": value})
     deployment = consumer(
-        "reader", busybox, replicas=1, rollout_on="db", command=["sh", "-c", PRINT_ENV]
+        "reader", c.busybox, replicas=1, rollout_on="db", command=["sh", "-c", PRINT_ENV]
     )
-    apps.create_namespaced_deployment(ns, deployment)
-    reader = Reader(core, apps, ns)
+    c.apps.create_namespaced_deployment(ns, deployment)
+    reader = Reader(c.core, c.apps, ns)
     shown = eventually(reader.env, 90, message="the reader Running with its env var")
     return producer, ns, reader, shown
 
@@ -132,18 +125,10 @@ def restart_projector(release: Release) -> None:
 
 
 def test_an_env_var_consumer_is_rolled_once_per_rotation_and_never_by_restarts_or_failover(
-    node: Node,
-    rollout_release: Release,
-    k8s: Cluster,
-    make_namespace: NamespaceFactory,
-    core_v1: client.CoreV1Api,
-    apps_v1: client.AppsV1Api,
-    busybox: str,
+    consumers: Consumers, rollout_release: Release
 ) -> None:
-    release = rollout_release
-    producer, ns, reader, first = opted_in_reader(
-        k8s, make_namespace, core_v1, apps_v1, busybox, "CANARY-roll-1"
-    )
+    release, k8s = rollout_release, consumers.k8s
+    producer, ns, reader, first = opted_in_reader(consumers, "CANARY-roll-1")
     assert first[1] == digest("CANARY-roll-1")
     leader = str(eventually(lambda: decided(release, ns), 30, message="projector saw the reader"))
     assert reader.revision() == 1  # opting in rolls nothing
@@ -185,17 +170,10 @@ def test_an_env_var_consumer_is_rolled_once_per_rotation_and_never_by_restarts_o
 
 
 def test_a_burst_of_100_updates_in_10_s_rolls_an_env_var_consumer_a_few_times(
-    node: Node,
-    rollout_release: Release,
-    k8s: Cluster,
-    make_namespace: NamespaceFactory,
-    core_v1: client.CoreV1Api,
-    apps_v1: client.AppsV1Api,
-    busybox: str,
+    consumers: Consumers, rollout_release: Release
 ) -> None:
-    producer, ns, reader, _ = opted_in_reader(
-        k8s, make_namespace, core_v1, apps_v1, busybox, "CANARY-burst-start"
-    )
+    k8s = consumers.k8s
+    producer, ns, reader, _ = opted_in_reader(consumers, "CANARY-burst-start")
     eventually(lambda: decided(rollout_release, ns), 30, message="projector saw it")
 
     k8s.burst(producer, "db", "password", "CANARY-burst-")

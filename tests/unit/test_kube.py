@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,6 +11,7 @@ from projector import api, kube
 from projector.api import SECRETS
 from projector.errors import ServerError
 from tests.controlplane.plane import free_port
+from tests.support import python_runs
 
 
 @pytest.mark.parametrize(
@@ -58,5 +57,4 @@ def test_kr8s_credentials_load_without_the_rest_of_kr8s() -> None:
         "assert kr8s.__version__ and hasattr(kr8s, 'objects'); "
         "assert k.KubeAuth.__name__ == 'KubeAuth'"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
+    python_runs(code)

@@ -11,8 +11,6 @@ import base64
 import io
 import json
 import re
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, MutableMapping
@@ -34,7 +32,7 @@ from projector.logs import configure_logging, log_processors
 from projector.metrics import Metrics
 from projector.status import Result
 from projector.tracing import trace_id
-from tests.support import eventually
+from tests.support import eventually, python_runs
 from tests.unit.fakeapi import FakeApi
 from tests.unit.test_controller import controller
 from tests.unit.test_store import grant_obj, ns_obj, source_obj
@@ -144,8 +142,7 @@ def test_the_controller_loads_structlog_without_rich_and_rich_stays_importable()
         "line = out.getvalue(); assert 'Traceback' in line and 'ZeroDivisionError' in line, line\n"
         "import rich.console; assert rich.console.Console"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
+    python_runs(code)
 
 
 def test_logs_are_json_on_a_pipe_and_console_lines_on_a_terminal() -> None:
