@@ -23,6 +23,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 
+FLOOR_SAME = "floor (projector's copy bodies)"
+"""The fan-out floor that PUTs projector's own copies (`benchmarks.e2e.FloorRun`): judged."""
+SAME_RATIO = "projector/floor (same bodies) p50"
+"""Projector's ratio to `FLOOR_SAME`, as a fan-out result file names it."""
+MARKS_RATIO = "floor (same bodies)/floor p50"
+"""`FLOOR_SAME` over the floor on minimal Secrets: what the copies' ownership marks cost."""
+
 
 def percentile(samples: Sequence[float], q: float) -> float:
     """The q-th percentile (0..100) by linear interpolation; the sample itself if only one."""

@@ -40,7 +40,7 @@ from typing import Any
 from kubernetes import client as k8s
 
 from benchmarks import peers
-from benchmarks.common import RESULTS, summary, write_result
+from benchmarks.common import FLOOR_SAME, MARKS_RATIO, RESULTS, SAME_RATIO, summary, write_result
 from benchmarks.floor import FLOOR_CLIENT, WRITE_CONCURRENCY, FloorProcess, Observer, observer
 from benchmarks.harness import (
     Watcher,
@@ -119,7 +119,6 @@ class Series:
 
 
 FLOOR_MINIMAL = "floor"
-FLOOR_SAME = "floor (projector's copy bodies)"
 
 
 @dataclass
@@ -266,9 +265,9 @@ async def fanout(
     ratios = {
         "projector/floor p50": p["median"] / f["median"],
         "projector/floor p99": p["p99"] / f["p99"],
-        "projector/floor (same bodies) p50": p["median"] / same["median"],
+        SAME_RATIO: p["median"] / same["median"],
         "projector/floor (same bodies) p99": p["p99"] / same["p99"],
-        "floor (same bodies)/floor p50": same["median"] / f["median"],
+        MARKS_RATIO: same["median"] / f["median"],
     }
     warmups = {"projector": proj.warmup_dropped}
     warmups.update((k, fr.series.warmup_dropped) for k, fr in floors.items())

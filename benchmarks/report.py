@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from benchmarks import scaling_report
-from benchmarks.common import REPO, RESULTS
+from benchmarks.common import FLOOR_SAME, MARKS_RATIO, REPO, RESULTS, SAME_RATIO
 from projector.config import Config
 from projector.queue import WorkQueue
 
@@ -111,10 +111,6 @@ def plot_bars(
     plt.close(fig)
     return f"![{title}]({plots.name}/{path.name})"
 
-
-SAME_FLOOR = "floor (projector's copy bodies)"
-SAME_RATIO = "projector/floor (same bodies) p50"
-"""The fan-out floor the targets judge (`benchmarks.e2e.FLOOR_SAME`) and projector's ratio to it."""
 
 METHOD = """
 How these numbers were taken: `make bench` (`make bench-quick` for small sizes, into
@@ -378,10 +374,10 @@ def targets(docs: dict[str, Any], results: Path = RESULTS) -> list[str]:
         return (
             f"{v(ratio(name, SAME_RATIO))} x with {flags} (projector "
             f"{v(_get(docs, name, 'projector', 'last_copy'), 'ms')}, the floor writing its "
-            f"copy bodies {v(_get(docs, name, SAME_FLOOR, 'last_copy'), 'ms')}); "
+            f"copy bodies {v(_get(docs, name, FLOOR_SAME, 'last_copy'), 'ms')}); "
             f"{v(ratio(name, 'projector/floor p50'))} x the floor on minimal Secrets "
             f"({v(_get(docs, name, 'floor', 'last_copy'), 'ms')}), the copies' ownership "
-            f"marks costing {v(ratio(name, 'floor (same bodies)/floor p50'))} x"
+            f"marks costing {v(ratio(name, MARKS_RATIO))} x"
         )
 
     def check(x: Any, ok: Callable[[Any], bool]) -> bool | None:
@@ -466,7 +462,7 @@ def targets(docs: dict[str, Any], results: Path = RESULTS) -> list[str]:
             "fan-out 1 -> 100, last copy, p50",
             "<= 1.25 x the floor, `--debounce 0`",
             f"{fan_floors(f100d, '--debounce 0')}; beside it, "
-            f"{v(ratio(f100, 'projector/floor (same bodies) p50'))} x with the default 50 ms "
+            f"{v(ratio(f100, SAME_RATIO))} x with the default 50 ms "
             f"debounce (projector {v(p100, 'ms')}, p99 {v(p99_100, 'ms')})",
             verdict(check(ratio(f100d, SAME_RATIO), lambda x: x <= 1.25)),
             files(f100d, f100),
