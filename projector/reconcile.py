@@ -108,25 +108,20 @@ def plan(snap: Snapshot) -> Plan:
     handled: set[ObjectKey] = set()
     matched = 0
     lookup, target, kind = snap.copies, grant.target_name, grant.kind
+    home = grant.source.namespace
     for name in sorted(candidates):  # the hot loop: locals only, no work that can be hoisted
         key = ObjectKey(name, target, kind)
         existing = lookup.get(key)
         mine = existing if existing is not None and key in held else None
         if mine is not None:
-            handled.add(key)
+            handled.add(key)  # decide() settles it: every branch that refuses revokes it
         step = decide(snap, grant, got, name, existing, mine)
         if step is not None:
             steps.append(step)
-            matched += step.reason is not Reason.SOURCE_NAMESPACE  # never the source's own
+            matched += name != home  # the source's own namespace is never a target
 
     # "a namespace stops being targeted": what the grant name holds where it no longer aims.
-    for key, copy in held.items():
-        if key in handled:
-            continue
-        if got.state is SourceState.UNKNOWN:
-            steps.append(Step(key.namespace, Action.NOOP, Reason.SOURCE_UNKNOWN, copy, key.name))
-        else:
-            steps.append(_revoke(snap, copy, Reason.REVOKED))
+    steps.extend(_unwanted(snap, got, c) for k, c in held.items() if k not in handled)
     return Plan(snap, got.state, got.desired, tuple(steps), matched)
 
 
@@ -141,12 +136,18 @@ def decide(
     ns = snap.namespaces.get(name)
     verdict = consent(grant, got.source, name, ns.labels if ns is not None else _NO_LABELS)
     target = grant.target_name
-    # "source namespace == target namespace with the same name": refused; condition, no write
+    # "source namespace == target namespace with the same name": refused; condition, no write.
+    # A copy the grant holds there (its source moved into that namespace) is no longer wanted:
+    # it follows onRevoke, as in any namespace the grant stops targeting.
     if verdict is Consent.SOURCE_NAMESPACE:
+        if mine is not None:
+            gone = _unwanted(snap, got, mine)
+            if gone.action is Action.DELETE or name not in grant.namespaces:
+                return gone
         if name not in grant.namespaces:
             return None
         why = "the source's own namespace is never a target"
-        return Step(name, Action.NOOP, Reason.SOURCE_NAMESPACE, name=target, message=why)
+        return Step(name, Action.NOOP, Reason.SOURCE_NAMESPACE, mine, target, why)
     # "new namespace created that matches the selector": copy created there, once it exists
     if ns is None:
         why = "the namespace does not exist; a copy follows when it is created"
@@ -183,6 +184,16 @@ def _senior_rival(snap: Snapshot, grant: Grant, ns: Namespace) -> Grant | None:
         ):
             best = rival
     return best
+
+
+def _unwanted(snap: Snapshot, got: Offer, copy: Copy) -> Step:
+    """A copy the live grant holds where it no longer aims: it follows onRevoke.
+
+    Not while the source is unreadable: no delete on uncertainty.
+    """
+    if got.state is SourceState.UNKNOWN:
+        return Step(copy.key.namespace, Action.NOOP, Reason.SOURCE_UNKNOWN, copy, copy.key.name)
+    return _revoke(snap, copy, Reason.REVOKED)
 
 
 def _revoke(snap: Snapshot, copy: Copy, reason: Reason) -> Step:

@@ -107,6 +107,10 @@ S_ELSEWHERE = make_source("elsewhere")
 OLD_RIVAL = make_grant("r", created=T_OLD)
 YOUNG_RIVAL = make_grant("y", created=T1)
 RETAIN, DELETE = OnRevoke.RETAIN, OnRevoke.DELETE
+G_HUB = make_grant(target_name=SRC_NAME)
+S_IN_A = make_source("a", "other")
+MOVED = replace(G_HUB, source=S_IN_A.key)
+"""G_HUB, its source moved to `a/other`: `a`, where it holds a copy, is the source's own now."""
 
 CopyMaker = Callable[[Grant, Source], Copy]
 """Builds a cached copy from the grant and the source of the case (or the ones it names)."""
@@ -337,6 +341,63 @@ CASES = [
             copies=(theirs(SRC_NS, "hub-copy"),),
         ),
         id="source-namespace-other-name-still-refused",
+    ),
+    # The grant's source moves into a namespace the grant holds a copy in (issue 42): that
+    # namespace is the source's own now, no longer a target, so the copy follows onRevoke.
+    pytest.param(
+        Case(
+            {"a": REVOKED, "b": CREATED},
+            grant=MOVED,
+            source=S_IN_A,
+            copies=(ours("a", grant=G_HUB, source=S),),
+            matched=1,
+        ),
+        id="source-moved-into-copy-namespace-revokes-it",
+    ),
+    pytest.param(
+        Case(
+            {"a": SOURCE_NAMESPACE, "b": CREATED},
+            grant=replace(MOVED, on_revoke=RETAIN),
+            source=S_IN_A,
+            copies=(ours("a", grant=G_HUB, source=S),),
+            matched=1,
+        ),
+        id="source-moved-into-copy-namespace-retains-it",
+    ),
+    pytest.param(
+        Case(
+            {"a": REVOKED, "b": CREATED, SRC_NS: CREATED},
+            grant=replace(MOVED, namespaces=frozenset({"b"}), selector=LabelSelector()),
+            source=S_IN_A,
+            ns=(SRC_NS, "a", "b"),
+            copies=(ours("a", grant=G_HUB, source=S),),
+            matched=2,
+        ),
+        id="source-moved-into-selected-copy-namespace-revokes-it",
+    ),
+    pytest.param(
+        Case(
+            {"a": RETAINED, "b": CREATED, SRC_NS: CREATED},
+            grant=replace(
+                MOVED, namespaces=frozenset({"b"}), selector=LabelSelector(), on_revoke=RETAIN
+            ),
+            source=S_IN_A,
+            ns=(SRC_NS, "a", "b"),
+            copies=(ours("a", grant=G_HUB, source=S),),
+            matched=2,
+        ),
+        id="source-moved-into-selected-copy-namespace-retains-it",
+    ),
+    pytest.param(
+        Case(
+            {"a": SOURCE_NAMESPACE, "b": SOURCE_UNKNOWN},
+            grant=MOVED,
+            source=None,
+            state=SourceState.UNKNOWN,
+            copies=(ours("a", grant=G_HUB, source=S),),
+            matched=1,
+        ),
+        id="source-moved-but-unreadable-deletes-nothing",
     ),
     # -- terminating namespace ---------------------------------------------------------------------
     pytest.param(
