@@ -31,6 +31,7 @@ from opentelemetry import trace
 
 from projector import probe, reconcile, status
 from projector.config import Config
+from projector.conflicts import ConflictWatches
 from projector.desired import Echo
 from projector.errors import Fenced
 from projector.metrics import Metrics
@@ -88,6 +89,14 @@ class Controller:
         self._wanted: dict[str, Echo] = {}
         """Per grant, the copy its last plan wanted: events of copies holding it are echoes."""
         store.listen(self._enqueue, echo=self._is_echo)
+        self.conflicts = ConflictWatches(
+            store.api,
+            lambda names: self._enqueue(Kind.COPY, names),  # a freed place, as a copy deleted
+            recheck=config.conflict_recheck,
+            timeout_seconds=config.watch_timeout,
+            read_deadline=config.informer_stall_after / 2,
+        )
+        """Watches the places of Conflicts with uncached objects, on the same term."""
 
     def _is_echo(self, name: str, copy: Copy) -> bool:
         """The copy holds what grant `name` last planned: the echo of its own write."""
@@ -135,6 +144,7 @@ class Controller:
         self.queue.shut_down()
         if self.rollouts is not None:
             self.rollouts.stop()
+        self.conflicts.stop()
 
     async def run(self) -> None:
         """Run `config.workers` workers (and the periodic resync) until `stop()` or cancellation."""
@@ -145,6 +155,7 @@ class Controller:
                 tg.create_task(self._resync_periodically(), name="resync")
             if self.rollouts is not None:
                 tg.create_task(self.rollouts.run(), name="rollouts")
+            tg.create_task(self.conflicts.run(), name="conflict-watches")
 
     def resync_idle(self) -> int:
         """Queue every cached grant that has nothing pending; return how many were queued.
@@ -198,7 +209,7 @@ class Controller:
         self.queue.forget(name)
         self.metrics.recovered(name)
         if result is Result.RECHECK:
-            self.queue.add_after(name, self.config.conflict_recheck)
+            self.queue.add_after(name, self.conflicts.recheck_after(name))
 
     async def reconcile(self, name: str) -> Result:
         """Reconcile one grant name, and say what the queue should do with it next."""
@@ -221,6 +232,7 @@ class Controller:
             snap = await probe.snapshot(self.store, name)
             rec = snap.record
             if rec is not None and rec.grant is None:
+                self.conflicts.forget(name)
                 invalid = status.invalid(rec)
                 if not await self._report(rec, invalid, status.events((), rec.status, invalid)):
                     return status.Verdict(Result.ERROR)
@@ -228,6 +240,7 @@ class Controller:
             plan = reconcile.plan(snap)
             self._want(name, plan.desired)
             outcomes = await self.writer.execute(plan)
+            self.conflicts.record(name, plan, outcomes)
             self.metrics.observe(plan, outcomes, since, time.monotonic())
             verdict = status.verdict(plan, outcomes)
             if rec is not None:

@@ -240,3 +240,33 @@ def test_unsatisfiable_grants_are_told_once_and_not_retried_in_a_loop(
     eventually(lambda: k8s.copy_data(b, "ghost") == {"token": "ROWS-canary-ghost"}, timeout=60)
     eventually(lambda: k8s.copy_data(c, "plain") == {"token": "ROWS-canary-plain"}, timeout=60)
     eventually(lambda: set(ready_reasons().values()) == {"Projected"}, timeout=60)
+
+
+@pytest.mark.parametrize("kind", ["Secret", "ConfigMap"])
+def test_a_cleared_conflict_is_noticed_within_the_usual_latency(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess, kind: str
+) -> None:
+    """A foreign, unlabelled object of the copy's name blocks it (no informer caches it); once
+    its owner deletes it, the copy lands within seconds, not at the next conflict recheck (60 s,
+    the controller's default here): a watch of that name, metadata only, saw it go."""
+    src, a, b = make_namespace(), make_namespace(), make_namespace()
+    theirs = {"mine": f"ROWS-canary-theirs-{kind}"}
+    if kind == "Secret":
+        k8s.source(a, "hub", theirs, exported=False)
+        k8s.source(src, "hub", DATA, export_to="*")
+        g = k8s.grant((src, "hub"), namespaces=[a, b])
+        copy_data, delete = k8s.copy_data, k8s.core.delete_namespaced_secret
+    else:
+        k8s.config_source(a, "hub", theirs, exported=False)
+        k8s.config_source(src, "hub", DATA, export_to="*")
+        g = k8s.grant((src, "hub"), namespaces=[a, b], kind=kind)
+        copy_data, delete = k8s.config_data, k8s.core.delete_namespaced_config_map
+    eventually(lambda: copy_data(b, "hub") == DATA)
+    eventually(lambda: k8s.status(g)["targets"]["conflicted"] == 1)
+    assert copy_data(a, "hub") == theirs
+    # The watch has listed the place: from here on a deletion is an event, not a recheck.
+    eventually(lambda: "conflict place listed" in controller.logs(), timeout=10)
+    delete("hub", a)
+    eventually(lambda: copy_data(a, "hub") == DATA, timeout=10, message="the copy landed")
+    eventually(lambda: k8s.status(g)["targets"]["conflicted"] == 0, timeout=10)
+    assert "conflict cleared; waking" in controller.logs()
