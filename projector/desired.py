@@ -4,11 +4,18 @@ Pure: built once per grant from its source (`desired_copy`), identical in every 
 for metadata.namespace; `Desired.in_sync` tells from a cached copy's metadata alone whether it
 already holds exactly this; `Bodies` serializes it into each copy's request body, the shared
 parts once per plan.
+
+The content-hash annotation written is keyed (`model.HashKey`); the unkeyed one that earlier
+versions wrote over the same content still counts as in sync, compared exactly, so an upgrade
+rewrites nothing until the content changes. Without a key (`projector explain`, which never
+needs it) the hash is the unkeyed one, and a keyed annotation, which cannot be recomputed then,
+is taken as in sync when the content it covers is (the unkeyed core hash, the grant's extras).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -22,39 +29,51 @@ from projector.model import (
     GRANT_METADATA_ANNOTATION,
     GRANT_UID_ANNOTATION,
     HASH_ANNOTATION,
+    KEYED_HASH,
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
     ON_REVOKE_ANNOTATION,
     ON_SOURCE_DELETED_ANNOTATION,
     PREFIX,
     SOURCE_ANNOTATION,
+    UNKEYED_HASH,
     Copy,
     Grant,
+    HashKey,
     Source,
     SourceKind,
+    content_bytes,
     content_hash,
 )
 
-UNCOPYABLE_TYPES = frozenset(
-    {"kubernetes.io/service-account-token", "bootstrap.kubernetes.io/token"}
-)
-"""Types the API server ties to their namespace; their copies are plain Opaque Secrets."""
-
-
 _EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+def _stamped(value: str | None, hash_: str, legacy: str) -> bool:
+    """The content-hash annotation `value` is what a copy of this content carries.
+
+    The keyed hash, or exactly the unkeyed one of earlier versions; without a key (`hash_` is
+    the unkeyed one), any keyed annotation, which only the key could check.
+    """
+    if not value:
+        return False
+    if value == hash_ or value == legacy:
+        return True
+    return hash_ == legacy and value.startswith(KEYED_HASH)
 
 
 def _holds(
     copy: Copy,
     core_hash: str,
     hash_: str,
+    legacy: str,
     extra_labels: Mapping[str, str],
     extra_annotations: Mapping[str, str],
 ) -> bool:
     if copy.observed_hash != core_hash:
         return False
     notes = copy.annotations
-    if notes.get(HASH_ANNOTATION) != hash_:
+    if not _stamped(notes.get(HASH_ANNOTATION), hash_, legacy):
         return False
     if extra_labels:
         labels = copy.labels
@@ -73,12 +92,20 @@ class Echo:
 
     core_hash: str
     hash: str
+    legacy_hash: str
     extra_labels: Mapping[str, str]
     extra_annotations: Mapping[str, str]
 
     def in_sync(self, copy: Copy) -> bool:
         """Tell whether a stored copy holds what the `Desired` this came from holds."""
-        return _holds(copy, self.core_hash, self.hash, self.extra_labels, self.extra_annotations)
+        return _holds(
+            copy,
+            self.core_hash,
+            self.hash,
+            self.legacy_hash,
+            self.extra_labels,
+            self.extra_annotations,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +119,7 @@ class Desired:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     hash: str
-    """Over everything written: the content-hash annotation."""
+    """Over everything written: the content-hash annotation (keyed, `model.HashKey`)."""
     core_hash: str
     """Over type, data and projector's own metadata: compared with a copy's observed hash."""
     extra_labels: Mapping[str, str] = field(default_factory=dict)
@@ -102,6 +129,10 @@ class Desired:
     ConfigMap."""
     binary_data: Mapping[str, str] = field(default_factory=dict, repr=False)
     """A ConfigMap copy's binaryData; empty for a Secret."""
+    legacy_hash: str = ""
+    """The unkeyed hash over what `hash` covers, as versions before the hash key wrote it: a
+    copy carrying exactly this is in sync too (an upgrade rewrites nothing). Equal to `hash`
+    when built without a key."""
 
     def payload(self) -> dict[str, Mapping[str, str]]:
         """The fields that carry values: `data`, and a ConfigMap's `binaryData`."""
@@ -111,13 +142,25 @@ class Desired:
 
     def in_sync(self, copy: Copy) -> bool:
         """Tell whether a stored copy already holds exactly this content and our metadata."""
-        return _holds(copy, self.core_hash, self.hash, self.extra_labels, self.extra_annotations)
+        return _holds(
+            copy,
+            self.core_hash,
+            self.hash,
+            self.legacy_hash,
+            self.extra_labels,
+            self.extra_annotations,
+        )
+
+    def stamped(self, value: str | None) -> bool:
+        """Tell whether a content-hash annotation is one a copy of this content carries."""
+        return _stamped(value, self.hash, self.legacy_hash)
 
     def echo(self) -> Echo:
         """What a copy in sync with this holds in its metadata, without the values."""
         return Echo(
             self.core_hash,
             self.hash,
+            self.legacy_hash,
             self.extra_labels or _EMPTY,
             self.extra_annotations or _EMPTY,
         )
@@ -219,8 +262,11 @@ def _select(grant: Grant, source: Source) -> tuple[dict[str, str], dict[str, str
     return data, binary, whole
 
 
-def desired_copy(grant: Grant, source: Source) -> Desired | str:
-    """Build the copy for a grant, or name the first key the source lacks."""
+def desired_copy(grant: Grant, source: Source, key: HashKey | None = None) -> Desired | str:
+    """Build the copy for a grant, or name the first key the source lacks.
+
+    `key` signs the content-hash annotation; None: the unkeyed hash (explain, tests).
+    """
     selected = _select(grant, source)
     if isinstance(selected, str):
         return selected
@@ -228,8 +274,6 @@ def desired_copy(grant: Grant, source: Source) -> Desired | str:
     type_ = source.type if whole else "Opaque"
     if source.key.kind is not SourceKind.SECRET:
         type_ = ""  # a ConfigMap has no type
-    elif type_ in UNCOPYABLE_TYPES:
-        type_ = "Opaque"
     ours = {MANAGED_BY_LABEL: MANAGED_BY_VALUE, GRANT_LABEL: grant.name}
     our_notes = {
         GRANT_UID_ANNOTATION: grant.uid,
@@ -248,7 +292,9 @@ def desired_copy(grant: Grant, source: Source) -> Desired | str:
     labels = extra_labels | ours
     annotations = extra_notes | our_notes
     cm_binary = None if source.key.kind is SourceKind.SECRET else binary
-    digest = content_hash(type_, data, labels, annotations, cm_binary)
+    blob = content_bytes(type_, data, labels, annotations, cm_binary)
+    legacy = UNKEYED_HASH + hashlib.sha256(blob).hexdigest()
+    digest = key.sign(blob) if key is not None else legacy
     core = content_hash(type_, data, ours, our_notes, cm_binary)
     annotations[HASH_ANNOTATION] = digest
     return Desired(
@@ -263,6 +309,7 @@ def desired_copy(grant: Grant, source: Source) -> Desired | str:
         extra_notes,
         source.key.kind,
         binary,
+        legacy,
     )
 
 

@@ -93,12 +93,16 @@ def _verdict(plan: Plan, namespace: str, ns: Namespace | None = None) -> Consent
 
 
 def _denied_why(plan: Plan, namespace: str) -> str:
-    verdict = _verdict(plan, namespace)
     source = plan.snapshot.source
+    if plan.source_state is SourceState.REFUSED and source is not None:
+        return f"refused: {source.refused}"
+    verdict = _verdict(plan, namespace)
     if verdict is Consent.NOT_EXPORTED or source is None:
         return f"producer consent missing: the source has no label {EXPORT_LABEL}=true"
     if verdict is not Consent.EXPORT_TO_MISMATCH:
         return f"consent: {verdict.value}"
+    if source.export_to_refused:
+        return f"producer consent missing: {source.export_to_refused} (a bound on hostile input)"
     if not source.export_to and not source.ignored_export_to:
         return (
             f"producer consent missing: the source has no {EXPORT_TO_ANNOTATION} annotation "
@@ -172,6 +176,8 @@ def entry(
         return e("pending", "the namespace does not exist; a copy follows when it is created")
     if r is Reason.SOURCE_NAMESPACE:
         return e("refused", "the source's own namespace is never a target")
+    if r is Reason.PROTECTED_NAMESPACE:
+        return e("refused", "a protected namespace is never a target (--protected-namespaces)")
     if r is Reason.RETAINED:
         return e("retained", "no longer wanted here; kept by the policy Retain")
     if r is Reason.SOURCE_MISSING:

@@ -38,6 +38,7 @@ leave a change unseen.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 import time
@@ -78,8 +79,11 @@ class Informer(Generic[K, T]):
         backoff: tuple[float, float] = (0.8, 30.0),
         request_timeout: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        after: asyncio.Event | None = None,
     ) -> None:
         self.api = api
+        self._after = after
+        """Set once this informer may list (another cache must be filled first), if any."""
         self.cache = cache
         self.spec = cache.spec
         self._backoff = backoff
@@ -103,7 +107,12 @@ class Informer(Generic[K, T]):
         """The longest one step of the loop takes when nothing is wrong with this process."""
 
     def wedged(self) -> bool:
-        """No step of the loop (list page, event, error, retry) within its bound: stuck."""
+        """No step of the loop (list page, event, error, retry) within its bound: stuck.
+
+        Not while it waits for the cache it comes after: that informer answers for itself.
+        """
+        if self._after is not None and not self._after.is_set():
+            return False
         return self._clock() - self._progress > self._step_bound
 
     def _alive(self) -> None:
@@ -235,6 +244,9 @@ class Informer(Generic[K, T]):
 
     async def run(self) -> None:
         """Keep the cache current until cancelled."""
+        if self._after is not None:
+            await self._after.wait()
+            self._alive()
         self._need_list = True
         async for attempt in self._retrying():
             with attempt:

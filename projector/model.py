@@ -7,7 +7,9 @@ these values. Raw API payloads are parsed once, at the informer edge, into these
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
+import hmac
 import json
 import re
 import sys
@@ -35,11 +37,34 @@ GRANT_LABEL = f"{PREFIX}grant"
 GRANT_UID_ANNOTATION = f"{PREFIX}grant-uid"
 SOURCE_ANNOTATION = f"{PREFIX}source"
 HASH_ANNOTATION = f"{PREFIX}content-hash"
+KEYED_HASH = "hmac-sha256:"
+"""How the content-hash annotation starts as projector writes it: an HMAC-SHA256 under the
+install's hash key (`HashKey`), so that nobody who reads a copy's metadata can test guesses of
+a weak value offline."""
+UNKEYED_HASH = "sha256:"
+"""How it starts as versions before the hash key wrote it (a bare SHA-256): still taken as in
+sync when it is exactly the content's, so an upgrade rewrites no copy and rolls no workload."""
+HASH_KEY_SECRET = "projector-hash-key"
+"""The Secret, in the controller's own namespace, that holds the install's hash key."""
+HASH_KEY_FIELD = "key"
+"""Its data key."""
+HASH_KEY_BYTES = 32
+"""Random bytes of a new hash key, and the least a stored one may have."""
 ON_REVOKE_ANNOTATION = f"{PREFIX}on-revoke"
 ON_SOURCE_DELETED_ANNOTATION = f"{PREFIX}on-source-deleted"
 GRANT_METADATA_ANNOTATION = f"{PREFIX}grant-metadata"
 """Which labels/annotations of a copy came from the grant's target, so that keys an admin later
 removes from the grant are removed from the copies too, while keys other tools add are kept."""
+EXPORT_KEYS_ANNOTATION = f"{PREFIX}export-keys"
+MAX_EXPORT_TO_ENTRIES = 256
+"""More entries than this in an export-to annotation, and it is ignored as a whole (nobody):
+a tenant writes it, and every event of its Secret parses it (DESIGN §3, hostile input)."""
+MAX_EXPORT_TO_LENGTH = 16384
+"""Characters of an export-to annotation past which it is ignored as a whole (256 entries of
+a 63-character namespace name, with their commas, fit)."""
+REFUSED_TYPES = frozenset({"kubernetes.io/service-account-token", "bootstrap.kubernetes.io/token"})
+"""Secret types that are credentials of the cluster itself: never projected, whatever grants
+and opt-ins say (a copy would hand a ServiceAccount's or a node's token to another team)."""
 MAX_ANNOTATION_VALUE = 2048
 """Of a grant's extra annotation values (as the CRD says): 64 of them stay well within the API
 server's 256 KiB of metadata on a copy, which would otherwise refuse every copy write."""
@@ -157,7 +182,11 @@ class Grant:
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """A cached contract Secret or ConfigMap (label `export=true`), content included."""
+    """A cached contract Secret or ConfigMap (label `export=true`), content included.
+
+    Content only while some grant names it (`withheld` otherwise): a tenant's exported
+    objects that no grant names cost their metadata, not their data.
+    """
 
     key: ObjectKey
     uid: Uid
@@ -174,13 +203,30 @@ class Source:
     negation), and the grant's status says so rather than ignore them silently."""
     binary_data: Mapping[str, str] = field(default_factory=dict, repr=False)
     """A ConfigMap's binaryData (base64); always empty for a Secret."""
+    export_to_refused: str = ""
+    """Why the whole export-to annotation is ignored (too many entries, too long), if it is."""
+    refused: str = ""
+    """Why this object can never be a source, if so: a credential type (`REFUSED_TYPES`), or
+    a copy projector wrote (a copy is never projected on)."""
+    withheld: bool = False
+    """Its data was not kept (no grant named it when it was cached): `data` is empty."""
+    _names: frozenset[str] = field(init=False, repr=False, compare=False)
+    _globs: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        names = frozenset(p for p in self.export_to if not _GLOB.search(p))
+        object.__setattr__(self, "_names", names)
+        object.__setattr__(self, "_globs", tuple(p for p in self.export_to if p not in names))
 
     def exports_to(self, namespace: str) -> bool:
-        """Tell whether the producer allows a copy in `namespace` (default deny)."""
-        patterns = self.export_to
-        if "*" in patterns or namespace in patterns:  # the common cases, without fnmatch
+        """Tell whether the producer allows a copy in `namespace` (default deny).
+
+        Names are a set lookup; the globs are one regular expression, compiled once per set
+        of globs (`_globs_regex`): never one fnmatch per pattern per namespace.
+        """
+        if namespace in self._names or "*" in self._globs:
             return True
-        return any(fnmatch.fnmatchcase(namespace, p) for p in patterns)
+        return bool(self._globs) and _globs_regex(self._globs).fullmatch(namespace) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +267,16 @@ class Copy:
 
 _EXPORT_PATTERN = re.compile(r"[a-z0-9*?\[][-a-z0-9*?\[\]]*")
 """A namespace name, or a shell glob over namespace names (no negation: `!` is refused)."""
+_GLOB = re.compile(r"[*?\[]")
+
+
+@functools.lru_cache(maxsize=256)
+def _globs_regex(globs: tuple[str, ...]) -> re.Pattern[str]:
+    """One expression that matches a namespace when any of `globs` does.
+
+    Bounded: at most 256 sets are kept, each of at most `MAX_EXPORT_TO_ENTRIES` globs.
+    """
+    return re.compile("|".join(f"(?:{fnmatch.translate(g)})" for g in globs))
 
 
 def is_exported(labels: Mapping[str, str]) -> bool:
@@ -235,9 +291,35 @@ def parse_export_to(value: str | None) -> tuple[str, ...]:
     return tuple(p for p in (part.strip() for part in value.split(",")) if p)
 
 
+def export_to_too_big(value: str | None) -> str:
+    """Why an export-to annotation is ignored as a whole (nobody), or "" if it is not.
+
+    Checked before anything is split, so a hostile annotation costs two linear scans.
+    """
+    if not value:
+        return ""
+    if len(value) > MAX_EXPORT_TO_LENGTH:
+        return f"export-to is longer than {MAX_EXPORT_TO_LENGTH} characters; ignored as a whole"
+    if value.count(",") >= MAX_EXPORT_TO_ENTRIES:
+        return f"export-to has more than {MAX_EXPORT_TO_ENTRIES} entries; ignored as a whole"
+    return ""
+
+
 def invalid_export_to(patterns: tuple[str, ...]) -> tuple[str, ...]:
     """The entries that can never match a namespace, as written (reported, never guessed at)."""
     return tuple(p for p in patterns if _EXPORT_PATTERN.fullmatch(p) is None)
+
+
+def refused_source(obj: Mapping[str, Any], kind: SourceKind) -> str:
+    """Why an object may never be a source whatever its opt-in says, or "" if it may."""
+    meta = obj.get("metadata") or {}
+    labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
+    if labels.get(MANAGED_BY_LABEL) == MANAGED_BY_VALUE or GRANT_UID_ANNOTATION in notes:
+        return "the source is a copy projector wrote; a copy is never projected on"
+    type_ = object_type(obj, kind)
+    if type_ in REFUSED_TYPES:
+        return f"the source's type {type_} is a credential of the cluster; never projected"
+    return ""
 
 
 def object_type(obj: Mapping[str, Any], kind: SourceKind) -> str:
@@ -250,19 +332,31 @@ def binary_data(obj: Mapping[str, Any], kind: SourceKind) -> dict[str, str] | No
     return dict(obj.get("binaryData") or {}) if kind is SourceKind.CONFIG_MAP else None
 
 
-def parse_source(obj: Mapping[str, Any], kind: SourceKind = SourceKind.SECRET) -> Source:
-    """Parse a contract Secret or ConfigMap as cached: content kept, copies are built from it."""
+def parse_source(
+    obj: Mapping[str, Any], kind: SourceKind = SourceKind.SECRET, *, content: bool = True
+) -> Source:
+    """Parse a contract Secret or ConfigMap as cached: copies are built from its content.
+
+    `content=False` keeps its metadata only (`Source.withheld`): no grant names it. Linear in
+    the object's metadata, and bounded (`export_to_too_big`): a tenant writes all of it.
+    """
     meta = obj["metadata"]
-    patterns = parse_export_to((meta.get("annotations") or {}).get(EXPORT_TO_ANNOTATION))
+    value = (meta.get("annotations") or {}).get(EXPORT_TO_ANNOTATION)
+    too_big = export_to_too_big(value)
+    patterns = () if too_big else parse_export_to(value)
     ignored = invalid_export_to(patterns)
+    bad = set(ignored)
     return Source(
         key=ObjectKey(meta["namespace"], meta["name"], kind),
         uid=Uid(meta.get("uid", "")),
         type=object_type(obj, kind),
-        data=dict(obj.get("data") or {}),
-        export_to=tuple(p for p in patterns if p not in ignored),
+        data=dict(obj.get("data") or {}) if content else {},
+        export_to=tuple(p for p in patterns if p not in bad),
         ignored_export_to=ignored,
-        binary_data=binary_data(obj, kind) or {},
+        binary_data=(binary_data(obj, kind) or {}) if content else {},
+        export_to_refused=too_big,
+        refused=refused_source(obj, kind),
+        withheld=not content,
     )
 
 
@@ -277,21 +371,21 @@ def parse_namespace(obj: Mapping[str, Any]) -> Namespace:
     )
 
 
-def content_hash(
+def content_bytes(
     type_: str,
     data: Mapping[str, str],
     labels: Mapping[str, str],
     annotations: Mapping[str, str],
     binary: Mapping[str, str] | None = None,
-) -> str:
-    """Hash what a copy holds: the diff key between what we want and what is stored.
+) -> bytes:
+    """What a copy holds, as the bytes its hashes are taken over (`content_hash`, `HashKey`).
 
     The content-hash annotation itself is left out, so the hash of a stored copy can be
     recomputed from the copy and compared with the annotation and with the desired hash.
     `binary` is a ConfigMap's binaryData (None for a Secret, whose hash is unchanged by it).
-    The bytes hashed are json.dumps's, as they always were (a stored copy's hash must keep
-    matching across versions); orjson writes the same bytes seven times faster wherever its
-    output is ASCII without DEL, the only characters json escapes and it does not.
+    The bytes are json.dumps's, as they always were (a stored copy's hash must keep matching
+    across versions); orjson writes the same bytes seven times faster wherever its output is
+    ASCII without DEL, the only characters json escapes and it does not.
     """
     meta = {k: v for k, v in annotations.items() if k != HASH_ANNOTATION}
     parts: list[object] = [type_, sorted(data.items()), sorted(labels.items())]
@@ -301,7 +395,42 @@ def content_hash(
     blob = orjson.dumps(parts)
     if not blob.isascii() or b"\x7f" in blob:  # orjson leaves these unescaped; json does not
         blob = json.dumps(parts, separators=(",", ":")).encode()
-    return "sha256:" + hashlib.sha256(blob).hexdigest()
+    return blob
+
+
+def content_hash(
+    type_: str,
+    data: Mapping[str, str],
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    binary: Mapping[str, str] | None = None,
+) -> str:
+    """Hash what a copy holds, unkeyed: the diff key between what we want and what is stored.
+
+    Kept in memory only (`Copy.observed_hash`, `Desired.core_hash`), and the annotation of
+    copies written before the hash key (`UNKEYED_HASH`); what projector writes now is keyed.
+    """
+    blob = content_bytes(type_, data, labels, annotations, binary)
+    return UNKEYED_HASH + hashlib.sha256(blob).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class HashKey:
+    """The install's key of the content-hash annotation (the Secret `HASH_KEY_SECRET`).
+
+    Never in a repr, a log, an Event, a status, a metric or a trace: whoever holds it can
+    test guesses of a copy's values against its annotation, as anyone could before it.
+    """
+
+    secret: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.secret) < HASH_KEY_BYTES:
+            raise ValueError(f"a hash key has at least {HASH_KEY_BYTES} bytes")
+
+    def sign(self, blob: bytes) -> str:
+        """The content-hash annotation of the content `blob` (`content_bytes`)."""
+        return KEYED_HASH + hmac.new(self.secret, blob, hashlib.sha256).hexdigest()
 
 
 def own_metadata(metadata: Mapping[str, str]) -> dict[str, str]:

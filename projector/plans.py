@@ -24,6 +24,9 @@ class SourceState(StrEnum):
     """The API said 404: authoritative evidence that the source is gone."""
     UNKNOWN = "Unknown"
     """A read failed: nothing may be deleted on this."""
+    REFUSED = "SourceRefused"
+    """It exists and is exported, but may never be a source (`Source.refused`): a credential
+    of the cluster, or a copy projector wrote."""
 
 
 class Action(StrEnum):
@@ -46,6 +49,7 @@ class Reason(StrEnum):
     CONFLICT = "Conflict"
     GRANT_CONFLICT = "GrantConflict"
     SOURCE_NAMESPACE = "SourceNamespace"
+    PROTECTED_NAMESPACE = "ProtectedNamespace"
     NAMESPACE_MISSING = "NamespaceMissing"
     TERMINATING = "NamespaceTerminating"
     SOURCE_MISSING = "SourceMissing"
@@ -72,6 +76,7 @@ FAILURE_REASONS = frozenset(
         Reason.CONFLICT,
         Reason.GRANT_CONFLICT,
         Reason.SOURCE_NAMESPACE,
+        Reason.PROTECTED_NAMESPACE,
         Reason.NAMESPACE_MISSING,
         Reason.KEY_MISSING,
         Reason.WRITE_FAILED,
@@ -162,3 +167,5 @@ class Snapshot:
     rival_sources: Mapping[ObjectKey, Source] = field(default_factory=dict)
     record: GrantRecord | None = None
     """The cached grant object behind `grant` (its stored status), or why it is invalid."""
+    protected: AbstractSet[str] = frozenset()
+    """Namespaces never written into, whatever the grant targets (`Config.protected`)."""

@@ -12,7 +12,7 @@ import structlog
 
 from projector.api import BY_KIND, Api
 from projector.errors import ApiError, NotFound
-from projector.model import ObjectKey, is_exported
+from projector.model import ObjectKey, is_exported, parse_source
 from projector.reconcile import Snapshot, SourceState
 from projector.store import Store
 
@@ -27,10 +27,32 @@ async def snapshot(store: Store, name: str, api: Api | None = None) -> Snapshot:
     """
     record = store.grants.get(name)
     grant = record.grant if record is not None else None
-    if grant is None or store.source(grant.source) is not None:
+    if grant is None:
+        return store.snapshot(name)
+    if store.needs_content(grant.source):  # cached without its data: no grant named it
+        return store.snapshot(name, uncached=await fill(store, api or store.api, grant.source))
+    if store.source(grant.source) is not None:
         return store.snapshot(name)
     state = await source_state(api or store.api, grant.source)
     return store.snapshot(name, uncached=state)
+
+
+async def fill(store: Store, api: Api, key: ObjectKey) -> SourceState:
+    """Read a source whole that a grant has just come to name, into the store's cache.
+
+    What the read says of it if it cannot be cached (gone, no longer exported, unreadable).
+    """
+    try:
+        obj = await api.get(BY_KIND[key.kind], key.name, namespace=key.namespace)
+    except NotFound:
+        return SourceState.MISSING
+    except ApiError as e:
+        log.warning("source read failed", source=str(key), status=e.status)
+        return SourceState.UNKNOWN
+    if not is_exported((obj.get("metadata") or {}).get("labels") or {}):
+        return SourceState.NOT_EXPORTED
+    store.fill(parse_source(obj, key.kind))
+    return SourceState.UNKNOWN  # what the cache holds now is what the snapshot reads
 
 
 async def source_state(api: Api, key: ObjectKey) -> SourceState:

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from projector.desired import UNCOPYABLE_TYPES, Desired, desired_copy
-from projector.model import Copy, Grant, Namespace, ObjectKey, Source
+from projector.desired import Desired, desired_copy
+from projector.model import Copy, Grant, HashKey, Namespace, ObjectKey, Source
 from projector.ownership import Claim, Consent, claim, consent, may_write, policy, wants
 from projector.plans import (
     FAILURE_REASONS,
@@ -39,7 +39,6 @@ __all__ = [
     "FAILURE_REASONS",
     "ORPHAN_DELETED",
     "ORPHAN_MESSAGE",
-    "UNCOPYABLE_TYPES",
     "Action",
     "Claim",
     "Consent",
@@ -76,22 +75,28 @@ class Offer:
     """The first granted key the source lacks."""
 
 
-def offer(snap: Snapshot, grant: Grant) -> Offer:
+def offer(snap: Snapshot, grant: Grant, key: HashKey | None = None) -> Offer:
     """Read the source once for every namespace; an inconsistent snapshot is uncertainty."""
     state = snap.source_state
     if state is SourceState.AVAILABLE and snap.source is None:
         state = SourceState.UNKNOWN  # an inconsistent snapshot is uncertainty, not absence
+    if state is SourceState.AVAILABLE and snap.source is not None and snap.source.refused:
+        state = SourceState.REFUSED  # never projected, whatever both consents say
     source = snap.source if state is SourceState.AVAILABLE else None
     if source is None:
         return Offer(state, None, None)
-    built = desired_copy(grant, source)
+    built = desired_copy(grant, source, key)
     if isinstance(built, Desired):
         return Offer(state, source, built)
     return Offer(state, source, None, built)
 
 
-def plan(snap: Snapshot) -> Plan:
-    """Decide, for every namespace touched by a grant name, what to write and why."""
+def plan(snap: Snapshot, key: HashKey | None = None) -> Plan:
+    """Decide, for every namespace touched by a grant name, what to write and why.
+
+    `key` signs the copies' content-hash annotation (the controller always has one; None:
+    the unkeyed hash, for `projector explain`, see `desired`).
+    """
     grant = snap.grant
     # Copies this grant name may act on wherever they are: its own, and orphans of its name.
     held = {k: c for k, c in snap.copies.items() if claim(snap, c) is not Claim.FOREIGN}
@@ -100,7 +105,7 @@ def plan(snap: Snapshot) -> Plan:
         gone = tuple(_revoke(snap, c, Reason.REVOKED) for c in held.values())
         return Plan(snap, snap.source_state, None, gone, 0)
 
-    got = offer(snap, grant)
+    got = offer(snap, grant, key)
     candidates = set(grant.namespaces)
     if grant.selector is not None:
         candidates.update(n for n, ns in snap.namespaces.items() if grant.targets(n, ns.labels))
@@ -148,6 +153,13 @@ def decide(
             return None
         why = "the source's own namespace is never a target"
         return Step(name, Action.NOOP, Reason.SOURCE_NAMESPACE, mine, target, why)
+    # "target in a protected namespace": refused with a reason, never written; a copy held
+    # there from before follows onRevoke
+    if name in snap.protected:
+        if mine is not None and (gone := _unwanted(snap, got, mine)).action is Action.DELETE:
+            return gone
+        why = "a protected namespace is never a target"
+        return Step(name, Action.NOOP, Reason.PROTECTED_NAMESPACE, mine, target, why)
     # "new namespace created that matches the selector": copy created there, once it exists
     if ns is None:
         why = "the namespace does not exist; a copy follows when it is created"
@@ -161,6 +173,10 @@ def decide(
     # "source deleted": copies handled by onSourceDeleted
     if got.state is SourceState.MISSING:
         return _withdraw(snap, name, target, mine, Reason.SOURCE_MISSING)
+    # "source of type service-account-token or bootstrap token": refused, never written; what
+    # was projected from it before follows onRevoke, as when the producer withdraws
+    if got.state is SourceState.REFUSED:
+        return _withdraw(snap, name, target, mine, Reason.DENIED)
     # "source has no export-to, or it does not match a target namespace" and "source loses the
     # export label, or export-to stops matching": copies there handled by onRevoke; Denied
     if verdict is not Consent.GRANTED:

@@ -174,13 +174,21 @@ def _source(plan: Plan, keys_missing: int) -> tuple[bool, str, str]:
                 else "; last good copies kept"
             ),
             SourceState.UNKNOWN: f"the source {kind} could not be read",
+            SourceState.REFUSED: _refused(plan),
         }[plan.source_state]
     source = plan.snapshot.source
+    if source is not None and source.export_to_refused:
+        source_msg = f"{source_msg}; {source.export_to_refused}"
     if source is not None and source.ignored_export_to:
         ignored = ", ".join(source.ignored_export_to)[:200]
         source_msg = f"{source_msg}; {IGNORED_EXPORT_TO}{ignored}"
     ok = plan.source_state is SourceState.AVAILABLE and keys_missing == 0
     return ok, source_reason, source_msg
+
+
+def _refused(plan: Plan) -> str:
+    source = plan.snapshot.source
+    return source.refused if source is not None else "the source is refused"
 
 
 def _kind(plan: Plan) -> str:
@@ -233,6 +241,7 @@ STATE_REASONS = frozenset(
         SourceState.NOT_EXPORTED.value,
         SourceState.MISSING.value,
         SourceState.UNKNOWN.value,
+        SourceState.REFUSED.value,
         Reason.DENIED.value,
     }
 )

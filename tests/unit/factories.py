@@ -28,9 +28,11 @@ from projector.model import (
     OnRevoke,
     OnSourceDeleted,
     Source,
+    SourceKind,
     Uid,
     parse_copy,
     parse_export_to,
+    refused_source,
 )
 from projector.reconcile import Action, Desired, Plan, Reason, Snapshot, SourceState, desired_copy
 from tests.support import b64 as b64  # the unit tests take it from here
@@ -94,6 +96,7 @@ def make_source(
         type=type_,
         data=dict(data if data is not None else {"token": b64("t0"), "url": b64("http://hub")}),
         export_to=parse_export_to(export_to) if isinstance(export_to, str) else export_to,
+        refused=refused_source({"type": type_}, SourceKind.SECRET),
     )
 
 

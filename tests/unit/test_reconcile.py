@@ -41,7 +41,6 @@ from projector.model import (
     parse_copy,
 )
 from projector.reconcile import (
-    UNCOPYABLE_TYPES,
     Action,
     Plan,
     Reason,
@@ -838,22 +837,33 @@ CASES = [
         ),
         id="key-missing-before-conflict",
     ),
-    # -- types the API server ties to their namespace project as Opaque --------------------------
+    # -- credentials of the cluster are never sources: refused, what was projected is revoked -----
     pytest.param(
         Case(
-            {"a": CREATED, "b": IN_SYNC},
+            {"a": DENIED, "b": DENIED_DELETED},
             source=make_source(type_="kubernetes.io/service-account-token"),
             copies=(ours("b"),),
+            plan_state=SourceState.REFUSED,
         ),
-        id="service-account-token-projected-as-opaque",
+        id="service-account-token-refused-earlier-copy-revoked",
     ),
     pytest.param(
         Case(
-            {"a": REPLACED, "b": CREATED},
+            {"a": DENIED, "b": DENIED},
+            grant=G_RETAIN,
             source=make_source(type_="bootstrap.kubernetes.io/token"),
             copies=(ours("a", type_="bootstrap.kubernetes.io/token"),),
+            plan_state=SourceState.REFUSED,
         ),
-        id="bootstrap-token-copy-replaced-by-opaque",
+        id="bootstrap-token-refused-earlier-copy-retained",
+    ),
+    pytest.param(
+        Case(
+            {"a": DENIED, "b": DENIED},
+            source=replace(S, refused="the source is a copy projector wrote"),
+            plan_state=SourceState.REFUSED,
+        ),
+        id="a-copy-is-never-a-source",
     ),
     # -- drift: someone edits or deletes a copy ----------------------------------------------------
     pytest.param(
@@ -1666,21 +1676,6 @@ def test_reserved_keys_in_grant_metadata_still_converge() -> None:
 
 
 TLS = make_source(type_="kubernetes.io/tls", data={"tls.crt": b64("crt"), "tls.key": b64("key")})
-SA_TOKEN = make_source(
-    type_="kubernetes.io/service-account-token",
-    data={"token": b64("jwt"), "ca.crt": b64("ca"), "namespace": b64(SRC_NS)},
-)
-BOOTSTRAP = make_source(
-    type_="bootstrap.kubernetes.io/token",
-    data={"token-id": b64("abcdef"), "token-secret": b64("0123456789abcdef")},
-)
-
-
-def test_uncopyable_types() -> None:
-    assert {
-        "kubernetes.io/service-account-token",
-        "bootstrap.kubernetes.io/token",
-    } == UNCOPYABLE_TYPES
 
 
 @pytest.mark.parametrize(
@@ -1721,15 +1716,6 @@ def test_uncopyable_types() -> None:
         pytest.param(
             [("token", "api-token")], S, {"api-token": S.data["token"]}, "Opaque", id="filter"
         ),
-        pytest.param(None, SA_TOKEN, SA_TOKEN.data, "Opaque", id="service-account-token-opaque"),
-        pytest.param(
-            [(k, k) for k in SA_TOKEN.data],
-            SA_TOKEN,
-            SA_TOKEN.data,
-            "Opaque",
-            id="service-account-token-every-key-listed-opaque",
-        ),
-        pytest.param(None, BOOTSTRAP, BOOTSTRAP.data, "Opaque", id="bootstrap-token-opaque"),
         pytest.param(
             None,
             make_source(type_="kubernetes.io/dockerconfigjson", data={".dockerconfigjson": "e30="}),
@@ -1910,8 +1896,12 @@ source_st = st.sampled_from(
             + [("team-*", "a")] * 4
             + [tuple(sorted(p)) for p in subsets(PATTERNS, 2)],  # export-to
             [S.data, S_OLD.data, {"token": b64("x")}],
-            ["Opaque", "example.com/x", "kubernetes.io/service-account-token"],
-            [*SourceState, *[SourceState.AVAILABLE] * 5],
+            ["Opaque"] * 3 + ["example.com/x", "kubernetes.io/service-account-token"],
+            # REFUSED is the planner's own reading of an available source, never a snapshot's
+            [
+                *(s for s in SourceState if s is not SourceState.REFUSED),
+                *[SourceState.AVAILABLE] * 5,
+            ],
             [True, True, True, False],  # the source is in the snapshot (even Available may lack it)
             [False] * 5 + [True],  # the grant is deleted (grant=None)
         )

@@ -333,3 +333,41 @@ async def test_a_one_shot_load_skips_an_unparseable_object_like_an_informer() ->
     await store.load()
     assert list(store.namespaces) == ["a"]
     assert store.synced()
+
+
+async def test_an_exported_source_no_grant_names_is_cached_without_its_data() -> None:
+    """A tenant's exported Secrets cost their metadata; a grant that comes to name one has its
+    data read once, and the data is dropped again when no grant names it (DESIGN §3)."""
+    api = FakeApi()
+    obj = source_obj("src", "s")
+    api.add(SECRETS, obj)
+    store = Store(api)
+    put(store.sources, obj)
+    cached = store.sources.get(ObjectKey("src", "s"))
+    assert cached is not None and cached.withheld and cached.data == {}
+    assert cached.exports_to("a")  # its consent is still known, for explain and rivals
+
+    put(store.grants, grant_obj("g", namespaces=["a"]))
+    assert store.snapshot("g").source is None  # withheld is not content: never planned on
+    snap = await probe.snapshot(store, "g")
+    assert snap.source_state is SourceState.AVAILABLE
+    assert snap.source is not None and dict(snap.source.data) == {"k": "dg=="}
+    assert api.calls == [("GET", "secrets", "s")]  # a whole read, once
+    put(store.sources, obj)  # later events are parsed whole: the grant names it
+    assert (await probe.snapshot(store, "g")).source == snap.source
+    assert len(api.calls) == 1
+
+    pop(store.grants, grant_obj("g", namespaces=["a"]))
+    cached = store.sources.get(ObjectKey("src", "s"))
+    assert cached is not None and cached.withheld and cached.data == {}
+
+
+async def test_a_fill_never_replaces_content_the_informer_delivered() -> None:
+    store = Store(FakeApi())
+    put(store.grants, grant_obj("g", namespaces=["a"]))
+    newer = source_obj("src", "s") | {"data": {"k": "bmV3"}}
+    put(store.sources, newer)
+    older = store.sources.spec.parse(source_obj("src", "s"))
+    assert not store.fill(older)
+    cached = store.sources.get(ObjectKey("src", "s"))
+    assert cached is not None and dict(cached.data) == {"k": "bmV3"}
