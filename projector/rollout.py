@@ -40,7 +40,7 @@ from projector.api import DAEMONSETS, DEPLOYMENTS, STATEFULSETS, Obj, Resource
 from projector.caches import Cache, Spec
 from projector.errors import ApiError, Fenced, NotFound
 from projector.metrics import Metrics
-from projector.model import GRANT_LABEL, HASH_ANNOTATION, PREFIX, Copy, ObjectKey
+from projector.model import HASH_ANNOTATION, PREFIX, Copy, ObjectKey
 from projector.queue import WorkQueue
 from projector.recorder import Recorder
 from projector.status import Event
@@ -144,8 +144,11 @@ def stamp_of(content_hash: str, copy_uid: str) -> str:
 
     Workloads are readable by many more people than Secrets (the `view` role reads them, not
     Secrets), and a bare content hash would let them test guesses of a weak value offline
-    (the rest of what it covers is readable from the grant). The copy's uid is known only to
-    readers of the copy, who see its value anyway. It changes only if the copy is recreated.
+    (the rest of what it covers is readable from the grant). The annotation is an HMAC under
+    the install's hash key (`model.HashKey`), which nobody outside projector holds; a copy
+    written before the key carries its unkeyed hash, and its stamp stays what it was (an
+    upgrade rolls nothing) until its content changes. The copy's uid changes only if the copy
+    is recreated.
     """
     keyed = f"{content_hash}/{copy_uid}".encode()
     return hashlib.sha256(keyed).hexdigest()[:HASH_PREFIX]
@@ -194,10 +197,23 @@ def manifest(w: Workload, d: Decision) -> Obj:
 # --- parsing: raw workload -> Workload -----------------------------------------------------------
 
 
+MAX_ROLLOUT_ON_ENTRIES = 64
+"""More copies than this in a rollout-on annotation, and it is ignored as a whole (not opted
+in): a tenant writes it, and every event of its workload parses it."""
+MAX_ROLLOUT_ON_LENGTH = 16384
+"""Characters of a rollout-on annotation past which it is ignored as a whole (64 names of 253)."""
+
+
 def rollout_on(annotations: Mapping[str, Any]) -> tuple[str, ...]:
-    """The copy names of a rollout-on annotation (comma-separated, blanks ignored)."""
+    """The copy names of a rollout-on annotation (comma-separated, blanks ignored).
+
+    Bounded before it is split: past `MAX_ROLLOUT_ON_LENGTH` characters or
+    `MAX_ROLLOUT_ON_ENTRIES` entries it names nothing.
+    """
     raw = annotations.get(ROLLOUT_ON)
     if not isinstance(raw, str):
+        return ()
+    if len(raw) > MAX_ROLLOUT_ON_LENGTH or raw.count(",") >= MAX_ROLLOUT_ON_ENTRIES:
         return ()
     return tuple(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
 
@@ -412,8 +428,11 @@ class Rollouts:
 
     async def _rolled(self, w: Workload, copies: Iterable[str]) -> None:
         copies = list(copies)
+        # By the grant cache, never a copy's grant label: whoever can write a Secret in the
+        # namespace can write any label, and every name would be a series of its own. A copy
+        # no live grant owns counts under "".
         grants = {
-            c.labels.get(GRANT_LABEL, "")
+            self.store.owner(c) or ""
             for name in copies
             if (c := self.store.copies.get(ObjectKey(w.ref.namespace, name))) is not None
         }

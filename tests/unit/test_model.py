@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import fnmatch
 import hashlib
 import json
 from typing import Any
@@ -19,6 +20,8 @@ from projector.model import (
     FIELD_MANAGER,
     GRANT_UID_ANNOTATION,
     HASH_ANNOTATION,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
     PREFIX,
     Copy,
     KeyMapping,
@@ -26,6 +29,7 @@ from projector.model import (
     ObjectKey,
     OnRevoke,
     OnSourceDeleted,
+    Source,
     content_hash,
     invalid_export_to,
     marked_by_projector,
@@ -579,6 +583,69 @@ def test_parse_export_to(value: str | None, patterns: tuple[str, ...]) -> None:
 )
 def test_source_exports_to(export_to: str, namespace: str, allowed: bool) -> None:
     assert make_source(export_to=export_to).exports_to(namespace) is allowed
+
+
+@given(
+    st.lists(st.from_regex(r"[a-z0-9*?][-a-z0-9*?]{0,8}", fullmatch=True), max_size=6),
+    st.from_regex(r"[a-z0-9][-a-z0-9]{0,10}", fullmatch=True),
+)
+def test_one_expression_matches_as_fnmatch_does_pattern_by_pattern(
+    patterns: list[str], namespace: str
+) -> None:
+    expected = any(fnmatch.fnmatchcase(namespace, p) for p in patterns)
+    assert make_source(export_to=",".join(patterns)).exports_to(namespace) is expected
+
+
+def source_with_export_to(value: str, **meta: Any) -> Source:
+    obj = {
+        "metadata": {
+            "namespace": "p",
+            "name": "s",
+            "annotations": {EXPORT_TO_ANNOTATION: value},
+            **meta,
+        },
+        "data": {"k": "dg=="},
+    }
+    return parse_source(obj)
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        pytest.param(",".join(f"team-{i}" for i in range(257)), "more than 256", id="entries"),
+        pytest.param("a" * 16385, "longer than 16384", id="length"),
+        pytest.param(",".join(["-bad"] * 20000), "longer than 16384", id="the-240-KiB-bomb"),
+    ],
+)
+def test_an_export_to_past_its_cap_is_ignored_as_a_whole(value: str, why: str) -> None:
+    s = source_with_export_to(value)
+    assert why in s.export_to_refused
+    assert (s.export_to, s.ignored_export_to) == ((), ())
+    assert not s.exports_to("team-1")  # nobody, never a guess at the first 256
+
+
+def test_an_export_to_at_its_cap_is_read() -> None:
+    s = source_with_export_to(",".join(f"team-{i}" for i in range(255)) + ",x-*")
+    assert s.export_to_refused == ""
+    assert s.exports_to("team-254") and s.exports_to("x-1") and not s.exports_to("team-256")
+
+
+@pytest.mark.parametrize(
+    ("meta", "type_", "why"),
+    [
+        pytest.param({}, "kubernetes.io/service-account-token", "credential", id="sa-token"),
+        pytest.param({}, "bootstrap.kubernetes.io/token", "credential", id="bootstrap"),
+        pytest.param(
+            {"labels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE}}, "Opaque", "copy", id="managed"
+        ),
+        pytest.param({"annotations": {GRANT_UID_ANNOTATION: "u"}}, "Opaque", "copy", id="owned"),
+        pytest.param({}, "kubernetes.io/tls", "", id="tls-is-fine"),
+    ],
+)
+def test_sources_that_may_never_be_projected(meta: dict[str, Any], type_: str, why: str) -> None:
+    obj = {"metadata": {"namespace": "p", "name": "s", **meta}, "type": type_}
+    refused = parse_source(obj).refused
+    assert (why in refused) if why else refused == ""
 
 
 # -- selectors and targeting ---------------------------------------------------------------------

@@ -30,6 +30,7 @@ from projector.rollout import (
     manifest,
     parser,
     progressing,
+    rollout_on,
     seen_key,
     spec,
     stamp_key,
@@ -355,3 +356,18 @@ def test_the_stamp_is_keyed_by_the_copys_uid_so_workload_readers_cannot_test_gue
     h = "sha256:" + "ab" * 32
     assert stamp_of(h, "uid-1") != stamp_of(h, "uid-2")
     assert "abab" not in stamp_of(h, "uid-1") and len(stamp_of(h, "uid-1")) == 16
+
+
+@pytest.mark.parametrize(
+    ("value", "names"),
+    [
+        pytest.param("a, b,,a", ("a", "b"), id="blanks-and-repeats"),
+        pytest.param(
+            ",".join(f"c{i}" for i in range(64)), tuple(f"c{i}" for i in range(64)), id="at-cap"
+        ),
+        pytest.param(",".join(f"c{i}" for i in range(65)), (), id="past-the-entry-cap"),
+        pytest.param("a" * 16385, (), id="past-the-length-cap"),
+    ],
+)
+def test_rollout_on_is_bounded_before_it_is_split(value: str, names: tuple[str, ...]) -> None:
+    assert rollout_on({ROLLOUT_ON: value}) == names
