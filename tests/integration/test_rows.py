@@ -85,6 +85,24 @@ def test_the_source_namespace_with_the_source_name_is_refused_and_the_source_unt
     assert "projector.nebari.dev/grant-uid" not in (now.metadata.annotations or {})
 
 
+@pytest.mark.parametrize("selected", [False, True], ids=["listed", "selected"])
+def test_a_copy_in_the_namespace_the_source_moves_into_follows_on_revoke(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess, selected: bool
+) -> None:
+    """Issue 42: the grant's source moves into a namespace where it holds a copy; that one is
+    the source's own namespace now, never a target, and its copy (onRevoke Delete) goes."""
+    label = {"projector-test/moved": unique_name("m")}
+    p1, p2 = make_namespace(), make_namespace(labels=label)
+    k8s.source(p1, "s", DATA, export_to="*")
+    k8s.source(p2, "other", {"token": "ROWS-canary-other"}, export_to="*")
+    target = {"selector": {"matchLabels": label}} if selected else {"namespaces": [p2]}
+    g = k8s.grant((p1, "s"), target_name="copy", on_revoke="Delete", **target)  # type: ignore[arg-type]
+    eventually(lambda: k8s.copy_data(p2, "copy") == DATA)
+    k8s.patch_grant(g, {"spec": {"source": {"namespace": p2, "name": "other"}}})
+    eventually(lambda: k8s.copy(p2, "copy") is None, message="the stranded copy is revoked")
+    assert k8s.copy_data(p2, "other") == {"token": "ROWS-canary-other"}  # the source untouched
+
+
 @pytest.mark.parametrize("policy", ["Delete", "Retain"])
 def test_a_namespace_untargeted_while_the_controller_is_down_follows_its_recorded_policy(
     k8s: Cluster, make_namespace: NamespaceFactory, start_controller: Any, policy: str
