@@ -96,7 +96,7 @@ def test_a_copy_in_the_namespace_the_source_moves_into_follows_on_revoke(
     k8s.source(p1, "s", DATA, export_to="*")
     k8s.source(p2, "other", {"token": "ROWS-canary-other"}, export_to="*")
     target = {"selector": {"matchLabels": label}} if selected else {"namespaces": [p2]}
-    g = k8s.grant((p1, "s"), target_name="copy", on_revoke="Delete", **target)  # type: ignore[arg-type]
+    g = k8s.grant((p1, "s"), target_name="copy", on_revoke="Delete", **target)
     eventually(lambda: k8s.copy_data(p2, "copy") == DATA)
     k8s.patch_grant(g, {"spec": {"source": {"namespace": p2, "name": "other"}}})
     eventually(lambda: k8s.copy(p2, "copy") is None, message="the stranded copy is revoked")
