@@ -84,6 +84,7 @@ class Store:
         self._echo: Echo = _never
         self._listener: Listener | None = None
         self._copy_watchers: list[Callable[[Copy | None, Copy | None], None]] = []
+        self._source_watchers: list[Callable[[Source | None, Source | None], None]] = []
         self.grants = Cache(GRANT_SPEC, self._grant_changed)
         self.sources = Cache(self._named_only(SOURCE_SPEC), self._source_changed)
         self.namespaces = Cache(NAMESPACE_SPEC, self._namespace_changed)
@@ -123,9 +124,26 @@ class Store:
         """Also tell `watcher` of every change of a copy (old, new), e.g. to roll its readers."""
         self._copy_watchers.append(watcher)
 
+    def watch_sources(self, watcher: Callable[[Source | None, Source | None], None]) -> None:
+        """Also tell `watcher` of every change of a source (old, new), e.g. to warn its producer."""
+        self._source_watchers.append(watcher)
+
     def grant_names(self) -> list[str]:
         """Every cached grant name, valid or not."""
         return list(self.grants)
+
+    def owner(self, copy: Copy) -> str | None:
+        """The live grant whose copy this is, by the grant cache, or None.
+
+        Its uid is the copy's owner mark and its target is the copy's place. Never the copy's
+        grant label, which anyone who writes the copy sets: a name from here is always one of
+        the cached grants.
+        """
+        name = self._uids.get(copy.grant_uid or "")
+        grant = self._valid.get(name) if name is not None else None
+        if grant is None or _place(grant) != (copy.key.kind, copy.key.name):
+            return None
+        return name
 
     def synced(self) -> bool:
         """Every cache has been filled at least once."""
@@ -308,6 +326,8 @@ class Store:
         src = new or old
         if src is not None:
             self._notify(Kind.SOURCE, set(self._by_source.get(src.key, ())))
+        for watcher in self._source_watchers:
+            watcher(old, new)
 
     def _namespace_changed(self, old: Namespace | None, new: Namespace | None) -> None:
         """Affected: grants that list the namespace, or whose selector matched it (before/after)."""

@@ -62,11 +62,19 @@ def test_an_export_to_bomb_stalls_nobody(
         stop.set()
         prober.join()
     assert seen and set(seen) == {200}, f"/healthz answered {seen.count(200)} of {len(seen)}"
+    told = eventually(lambda: warnings(k8s, tenant, "bomb"), message="the producer is told")
+    assert len(told) == 1 and "ignored as a whole" in str(told[0].message)  # once, not per event
     named = k8s.grant((tenant, "bomb"), namespaces=[dst])
     why = eventually(lambda: (k8s.condition(named, "SourceAvailable") or {}).get("message"))
     assert "ignored as a whole" in str(why)
     assert k8s.copy(dst, "bomb") is None  # nobody, never a guess at part of it
     assert k8s.status(legit)["targets"]["projected"] == 1
+
+
+def warnings(k8s: Cluster, namespace: str, name: str) -> list[client.CoreV1Event]:
+    """The ExportToIgnored Warning Events about a Secret."""
+    selector = f"involvedObject.name={name},reason=ExportToIgnored"
+    return list(k8s.core.list_namespaced_event(namespace, field_selector=selector).items)
 
 
 COUNT, SIZE = 120, 700 * 1024
