@@ -5,22 +5,32 @@ import sys
 __version__ = "0.1.0"
 
 
+_FANCY_TRACEBACKS = ("rich", "better_exceptions")
+"""What structlog draws its default console tracebacks with when it can import it: both show
+every frame's local variables, which can hold a Secret's values."""
+
+
 def _structlog_without_rich() -> None:
     """Import structlog as if rich were not installed: 3.1 MiB and 67 modules less RSS.
 
     rich is here only for the command line of the CEL package (common-expression-language,
     through typer), but structlog imports it whenever it is installed, to draw tracebacks the
     controller never draws: its JSON lines format exceptions with `format_exc_info`, and its
-    console lines fall back to plain tracebacks. So rich is made unimportable while structlog
-    loads, then importable again: a later `import rich` (a tool, a test) loads it whole.
+    console lines with `plain_traceback` (`projector.logs`), neither with locals. So rich (and
+    better-exceptions, were it installed) is made unimportable while structlog loads, then
+    importable again: a later `import rich` (a tool, a test) loads it whole. structlog's own
+    default pipeline, used before `logs.configure_logging` runs, then draws plain tracebacks
+    too: no local variable is ever rendered.
     """
-    if "structlog" in sys.modules or "rich" in sys.modules:
+    if "structlog" in sys.modules or any(m in sys.modules for m in _FANCY_TRACEBACKS):
         return  # loaded already, with whatever it found: nothing to save
-    sys.modules["rich"] = None  # type: ignore[assignment]  # `import rich` raises ImportError
+    for module in _FANCY_TRACEBACKS:
+        sys.modules[module] = None  # type: ignore[assignment]  # `import` raises ImportError
     try:
         import structlog  # noqa: F401
     finally:
-        del sys.modules["rich"]
+        for module in _FANCY_TRACEBACKS:
+            del sys.modules[module]
 
 
 _structlog_without_rich()

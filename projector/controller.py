@@ -29,13 +29,13 @@ from typing import Any
 import structlog
 from opentelemetry import trace
 
-from projector import probe, reconcile, status
+from projector import hashkey, probe, reconcile, status
 from projector.config import Config
 from projector.conflicts import ConflictWatches
 from projector.desired import Echo
 from projector.errors import Fenced
 from projector.metrics import Metrics
-from projector.model import Copy, GrantRecord
+from projector.model import Copy, GrantRecord, HashKey
 from projector.queue import WorkQueue
 from projector.reconcile import Desired
 from projector.recorder import Recorder, timestamp
@@ -73,8 +73,12 @@ class Controller:
         recorder: Recorder,
         tracer: trace.Tracer | None = None,
         rollouts: Rollouts | None = None,
+        hash_key: HashKey | None = None,
     ) -> None:
         self.store = store
+        self.hash_key = hash_key
+        """Signs the copies' content-hash annotation; None until `run` has read (or created)
+        it: no grant is planned without it."""
         self.rollouts = rollouts
         """Runs beside the workers, on the same leadership term (None: --rollouts is off)."""
         self.config = config
@@ -147,7 +151,12 @@ class Controller:
         self.conflicts.stop()
 
     async def run(self) -> None:
-        """Run `config.workers` workers (and the periodic resync) until `stop()` or cancellation."""
+        """Run `config.workers` workers (and the periodic resync) until `stop()` or cancellation.
+
+        The first term reads the hash key (creating it if absent) before any worker starts.
+        """
+        if self.hash_key is None and not await self._read_hash_key():
+            return
         async with asyncio.TaskGroup() as tg:
             for i in range(self.config.workers):
                 tg.create_task(self._worker(), name=f"worker-{i}")
@@ -156,6 +165,23 @@ class Controller:
             if self.rollouts is not None:
                 tg.create_task(self.rollouts.run(), name="rollouts")
             tg.create_task(self.conflicts.run(), name="conflict-watches")
+
+    async def _read_hash_key(self) -> bool:
+        """Read or create the hash key, retried until it is had; False if stopped first."""
+        api, namespace = self.store.api, self.config.namespace
+        reading = asyncio.create_task(hashkey.ensure(api, self.writer, namespace))
+        stopped = asyncio.create_task(self._stopped.wait())
+        try:
+            await asyncio.wait({reading, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (reading, stopped):
+                t.cancel()
+        if not reading.done() or reading.cancelled():
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
+            return False
+        self.hash_key = reading.result()
+        return True
 
     def resync_idle(self) -> int:
         """Queue every cached grant that has nothing pending; return how many were queued.
@@ -216,7 +242,8 @@ class Controller:
         return (await self._reconcile(name)).result
 
     async def _reconcile(self, name: str) -> status.Verdict:
-        if not self.store.healthy():
+        key = self.hash_key
+        if key is None or not self.store.healthy():  # no plan without the key (`run` reads it)
             return status.Verdict(Result.UNHEALTHY)
         started = time.monotonic()
         since = self.metrics.started(name, started)
@@ -237,7 +264,7 @@ class Controller:
                 if not await self._report(rec, invalid, status.events((), rec.status, invalid)):
                     return status.Verdict(Result.ERROR)
                 return status.Verdict(Result.OK)
-            plan = reconcile.plan(snap)
+            plan = reconcile.plan(snap, key)
             self._want(name, plan.desired)
             outcomes = await self.writer.execute(plan)
             self.conflicts.record(name, plan, outcomes)

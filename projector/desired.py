@@ -57,7 +57,7 @@ def _stamped(value: str | None, hash_: str, legacy: str) -> bool:
     """
     if not value:
         return False
-    if value == hash_ or value == legacy:
+    if value in (hash_, legacy):
         return True
     return hash_ == legacy and value.startswith(KEYED_HASH)
 
@@ -262,10 +262,10 @@ def _select(grant: Grant, source: Source) -> tuple[dict[str, str], dict[str, str
     return data, binary, whole
 
 
-def desired_copy(grant: Grant, source: Source, key: HashKey | None = None) -> Desired | str:
+def desired_copy(grant: Grant, source: Source, hash_key: HashKey | None = None) -> Desired | str:
     """Build the copy for a grant, or name the first key the source lacks.
 
-    `key` signs the content-hash annotation; None: the unkeyed hash (explain, tests).
+    `hash_key` signs the content-hash annotation; None: the unkeyed hash (explain, tests).
     """
     selected = _select(grant, source)
     if isinstance(selected, str):
@@ -294,7 +294,7 @@ def desired_copy(grant: Grant, source: Source, key: HashKey | None = None) -> De
     cm_binary = None if source.key.kind is SourceKind.SECRET else binary
     blob = content_bytes(type_, data, labels, annotations, cm_binary)
     legacy = UNKEYED_HASH + hashlib.sha256(blob).hexdigest()
-    digest = key.sign(blob) if key is not None else legacy
+    digest = hash_key.sign(blob) if hash_key is not None else legacy
     core = content_hash(type_, data, ours, our_notes, cm_binary)
     annotations[HASH_ANNOTATION] = digest
     return Desired(

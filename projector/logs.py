@@ -12,7 +12,10 @@ import structlog
 def log_processors(*, console: bool) -> list[Any]:
     """The structlog pipeline, JSON (on a pipe) or console rendering (on a terminal).
 
-    Task-local context (grant, reconcile id, trace id) is merged into every line.
+    Task-local context (grant, reconcile id, trace id) is merged into every line. Tracebacks
+    are plain, in both: file, line and code, never a frame's local variables, which can hold
+    a Secret's values (structlog's console default, rich's or better-exceptions' traceback
+    whenever either is importable, shows them; so would `dict_tracebacks`).
     """
     common: list[Any] = [
         structlog.contextvars.merge_contextvars,
@@ -20,7 +23,9 @@ def log_processors(*, console: bool) -> list[Any]:
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     if console:  # the console renderer formats exceptions itself
-        return [*common, structlog.dev.ConsoleRenderer(colors=False)]
+        plain = structlog.dev.plain_traceback
+        return [*common, structlog.dev.ConsoleRenderer(colors=False, exception_formatter=plain)]
+    # format_exc_info: the standard library's traceback text, which has no locals
     return [*common, structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
 
 

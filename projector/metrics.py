@@ -150,7 +150,7 @@ class Metrics:
                 step.action is Action.UPDATE
                 and step.existing is not None
                 and plan.desired is not None
-                and step.existing.annotations.get(HASH_ANNOTATION) == plan.desired.hash
+                and plan.desired.stamped(step.existing.annotations.get(HASH_ANNOTATION))
             ):
                 self.drift_corrections.inc()  # our content hash, other content: someone edited
         if projected and since is not None:

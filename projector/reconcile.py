@@ -75,7 +75,7 @@ class Offer:
     """The first granted key the source lacks."""
 
 
-def offer(snap: Snapshot, grant: Grant, key: HashKey | None = None) -> Offer:
+def offer(snap: Snapshot, grant: Grant, hash_key: HashKey | None = None) -> Offer:
     """Read the source once for every namespace; an inconsistent snapshot is uncertainty."""
     state = snap.source_state
     if state is SourceState.AVAILABLE and snap.source is None:
@@ -85,16 +85,16 @@ def offer(snap: Snapshot, grant: Grant, key: HashKey | None = None) -> Offer:
     source = snap.source if state is SourceState.AVAILABLE else None
     if source is None:
         return Offer(state, None, None)
-    built = desired_copy(grant, source, key)
+    built = desired_copy(grant, source, hash_key)
     if isinstance(built, Desired):
         return Offer(state, source, built)
     return Offer(state, source, None, built)
 
 
-def plan(snap: Snapshot, key: HashKey | None = None) -> Plan:
+def plan(snap: Snapshot, hash_key: HashKey | None = None) -> Plan:
     """Decide, for every namespace touched by a grant name, what to write and why.
 
-    `key` signs the copies' content-hash annotation (the controller always has one; None:
+    `hash_key` signs the copies' content-hash annotation (the controller always has one; None:
     the unkeyed hash, for `projector explain`, see `desired`).
     """
     grant = snap.grant
@@ -105,7 +105,7 @@ def plan(snap: Snapshot, key: HashKey | None = None) -> Plan:
         gone = tuple(_revoke(snap, c, Reason.REVOKED) for c in held.values())
         return Plan(snap, snap.source_state, None, gone, 0)
 
-    got = offer(snap, grant, key)
+    got = offer(snap, grant, hash_key)
     candidates = set(grant.namespaces)
     if grant.selector is not None:
         candidates.update(n for n, ns in snap.namespaces.items() if grant.targets(n, ns.labels))

@@ -2,12 +2,21 @@
 
 Events about a cluster-scoped object must live in `default` (API server validation), so that
 is where they go, whatever the controller's own namespace.
+
+The same Event again (same object, type, reason and message) within `AGGREGATE_WINDOW` of its
+last occurrence is counted on the object already recorded, as client-go's EventRecorder does:
+a merge patch of its `count` and `lastTimestamp`, never a new object per reconcile. What was
+recorded is remembered in a table of at most `MAX_AGGREGATED` entries, the least recently
+recorded dropped first; an Event the server has expired meanwhile (404) is recorded anew.
 """
 
 from __future__ import annotations
 
+import hashlib
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from projector.api import GRANTS, Obj
@@ -17,6 +26,12 @@ from projector.writer import Writer
 
 EVENTS_NS = "default"
 MAX_MESSAGE = 1024
+AGGREGATE_WINDOW = 600.0
+"""Seconds after an Event's last occurrence within which the same Event is counted on it
+(client-go aggregates similar Events over the same 10 minutes)."""
+MAX_AGGREGATED = 1024
+"""Events remembered for aggregation; the least recently recorded is forgotten first (a few
+hundred kilobytes at most)."""
 
 
 def timestamp() -> str:
@@ -46,12 +61,49 @@ def event(involved: Obj, namespace: str, ev: Event, *, instance: str, now: str) 
     }
 
 
+@dataclass(slots=True)
+class _Recorded:
+    """An Event already created: its name, how often it occurred, when last (monotonic)."""
+
+    name: str
+    count: int
+    last: float
+
+
+def _key(involved: Obj, namespace: str, ev: Event) -> bytes:
+    """What makes two Events the same one, digested (a message is up to 1 KiB)."""
+    parts = (
+        namespace,
+        str(involved.get("kind", "")),
+        str(involved.get("namespace", "")),
+        str(involved.get("name", "")),
+        str(involved.get("uid", "")),
+        ev.type,
+        ev.reason,
+        ev.message[:MAX_MESSAGE],
+    )
+    return hashlib.blake2b("\0".join(parts).encode(), digest_size=16).digest()
+
+
 class Recorder:
     """Records Events through the writer, as replica `instance`: the one place they are sent."""
 
-    def __init__(self, writer: Writer, instance: str) -> None:
+    def __init__(
+        self,
+        writer: Writer,
+        instance: str,
+        *,
+        window: float = AGGREGATE_WINDOW,
+        size: int = MAX_AGGREGATED,
+        clock: Callable[[], float] = time.monotonic,  # a fake one for tests
+    ) -> None:
         self._writer = writer
         self._instance = instance
+        self._window = window
+        self._size = size
+        self._clock = clock
+        self._recorded: dict[bytes, _Recorded] = {}
+        """Insertion-ordered, least recently recorded first: the aggregation table (LRU)."""
 
     async def record(self, rec: GrantRecord, events: Iterable[Event]) -> None:
         """Record each Event about grant `rec` (best effort: a refusal is logged, not raised)."""
@@ -65,6 +117,26 @@ class Recorder:
             await self.record_on(involved, EVENTS_NS, ev)
 
     async def record_on(self, involved: Obj, namespace: str, ev: Event) -> None:
-        """Record one Event about the object `involved`, in its `namespace` (best effort too)."""
-        body = event(involved, namespace, ev, instance=self._instance, now=timestamp())
-        await self._writer.create_event(body, namespace)
+        """Record one Event about the object `involved`, in its `namespace` (best effort too).
+
+        Counted on the same Event if it was recorded within the window, else created.
+        """
+        key, now, stamp = _key(involved, namespace, ev), self._clock(), timestamp()
+        seen = self._recorded.pop(key, None)
+        if seen is not None and now - seen.last <= self._window:
+            seen.count += 1
+            seen.last = now
+            self._recorded[key] = seen  # the most recently recorded, last
+            patch = {"count": seen.count, "lastTimestamp": stamp}
+            if await self._writer.patch_event(seen.name, namespace, patch):
+                return
+            self._recorded.pop(key, None)  # expired by the server: recorded anew
+        body = event(involved, namespace, ev, instance=self._instance, now=stamp)
+        name = str(body["metadata"]["name"])
+        self._recorded[key] = _Recorded(name, 1, now)  # before the create: a repeat meanwhile
+        while len(self._recorded) > self._size:  # counts on it instead of creating a twin
+            del self._recorded[next(iter(self._recorded))]
+        created = await self._writer.create_event(body, namespace)
+        entry = self._recorded.get(key)
+        if not created and entry is not None and entry.name == name:
+            del self._recorded[key]

@@ -8,6 +8,7 @@ reasons and namespace names only.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,22 @@ from projector.reconcile import FAILURE_REASONS, Action, Outcome, Plan, Reason, 
 
 MAX_FAILURES = 20
 """Bound on status.failures, so a grant over 10,000 namespaces keeps a small status."""
+
+FAILURE_ORDER = (
+    Reason.WRITE_FAILED,
+    Reason.CONFLICT,
+    Reason.GRANT_CONFLICT,
+    Reason.KEY_MISSING,
+    Reason.NAMESPACE_MISSING,
+    Reason.SOURCE_NAMESPACE,
+)
+"""Which failures status.failures lists first when there are more than it keeps: a write the
+server refuses, then an object in the way, then a grant's own mistakes (a key, a namespace);
+any other failure reason after these."""
+_SEVERITY = {reason: i for i, reason in enumerate(FAILURE_ORDER)}
+_LAST = len(FAILURE_ORDER)
+FAILURES_OMITTED = "failuresOmitted"
+"""How many failures status.failures leaves out (absent when it lists them all)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,12 +166,16 @@ def compute(plan: Plan, outcomes: Sequence[Outcome]) -> dict[str, Any]:
             generation,
         ),
     ]
-    return {
+    failures, omitted = _failures(outcomes)
+    out: dict[str, Any] = {
         "observedGeneration": generation,
         "conditions": conditions,
         "targets": _targets(plan.matched, projected, conflicted, denied),
-        "failures": _failures(outcomes),
+        "failures": failures,
     }
+    if omitted:  # absent when none: a status stored before the field was added is unchanged
+        out[FAILURES_OMITTED] = omitted
+    return out
 
 
 def _source(plan: Plan, keys_missing: int) -> tuple[bool, str, str]:
@@ -196,15 +217,20 @@ def _kind(plan: Plan) -> str:
     return plan.grant.kind.value if plan.grant is not None else "Secret"
 
 
-def _failures(outcomes: Iterable[Outcome]) -> list[dict[str, str]]:
-    """The failures an admin must act on, sorted by namespace, at most MAX_FAILURES."""
-    failing = sorted(
-        (o for o in outcomes if o.reason in FAILURE_REASONS), key=lambda o: o.namespace
+def _failures(outcomes: Iterable[Outcome]) -> tuple[list[dict[str, str]], int]:
+    """The failures an admin must act on, at most MAX_FAILURES, and how many more there are.
+
+    The most severe first (`FAILURE_ORDER`), then by namespace: with 10,000 namespaces
+    missing, a write the server refuses is still listed.
+    """
+    failing = [o for o in outcomes if o.reason in FAILURE_REASONS]
+    listed = heapq.nsmallest(
+        MAX_FAILURES, failing, key=lambda o: (_SEVERITY.get(o.reason, _LAST), o.namespace)
     )
-    return [
-        {"namespace": o.namespace, "reason": o.reason.value, "message": o.message}
-        for o in failing[:MAX_FAILURES]
+    failures = [
+        {"namespace": o.namespace, "reason": o.reason.value, "message": o.message} for o in listed
     ]
+    return failures, len(failing) - len(listed)
 
 
 def stamped(new: Mapping[str, Any], old: Mapping[str, Any] | None, now: str) -> dict[str, Any]:
@@ -216,7 +242,10 @@ def stamped(new: Mapping[str, Any], old: Mapping[str, Any] | None, now: str) -> 
         kept = prev is not None and prev.get("status") == c["status"]
         since = prev.get("lastTransitionTime") if kept and prev is not None else None
         conditions.append({**c, "lastTransitionTime": since or now})
-    return {**new, "conditions": conditions}
+    out = {**new, "conditions": conditions}
+    if FAILURES_OMITTED not in out and FAILURES_OMITTED in (old or {}):
+        out[FAILURES_OMITTED] = None  # a merge patch keeps what it does not name; null drops it
+    return out
 
 
 def unchanged(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
@@ -303,7 +332,7 @@ def events(
         if n:
             out.append(Event("Normal", verb, f"{verb.lower()} {n} cop{'y' if n == 1 else 'ies'}"))
     known = {(f.get("namespace"), f.get("reason")) for f in (old or {}).get("failures") or ()}
-    for f in _failures(outcomes):  # the same bounded list the status keeps: no repeats
+    for f in _failures(outcomes)[0]:  # the same bounded list the status keeps: no repeats
         if (f["namespace"], f["reason"]) not in known:
             out.append(
                 Event("Warning", f["reason"], f"{f['namespace']}: {f['message']}".rstrip(": "))

@@ -33,7 +33,7 @@ from projector.desired import Bodies
 from projector.errors import ApiError, Conflict, Forbidden, NotFound
 from projector.metrics import Metrics
 from projector.metrictable import WriteResult
-from projector.model import parse_copy
+from projector.model import Copy, parse_copy
 from projector.reconcile import (
     Action,
     Outcome,
@@ -282,13 +282,15 @@ class Writer:
                 return Outcome(step, Reason.TERMINATING)
             raise
         # The name is taken by an object the cache does not hold: someone else's, or our own
-        # write whose watch event is late (a big copy on a busy server). Read it whole: the
-        # ownership rule decides, and a copy that already holds what we want is not rewritten.
-        obj = await self._api.get(bodies.resource, name, namespace=ns)
-        meta = {**(obj.get("metadata") or {}), "namespace": ns, "name": name}
-        stored = parse_copy({**obj, "metadata": meta}, bodies.kind)
+        # write whose watch event is late (a big copy on a busy server). Its metadata first:
+        # the ownership rule decides, and a foreign object's data is never read. Ours is read
+        # whole, so that a copy that already holds what we want is not rewritten.
+        head = await self._api.get(bodies.resource, name, namespace=ns, metadata_only=True)
         place = plan.snapshot.namespaces.get(ns)
-        if place is None or not may_write(plan.snapshot, stored, place):
+        if place is None or not may_write(plan.snapshot, _stored(head, ns, name, bodies), place):
+            return Outcome(step, Reason.CONFLICT, conflict_message(bodies.kind))
+        stored = _stored(await self._api.get(bodies.resource, name, namespace=ns), ns, name, bodies)
+        if not may_write(plan.snapshot, stored, place):  # changed hands between the two reads
             return Outcome(step, Reason.CONFLICT, conflict_message(bodies.kind))
         if bodies.desired.in_sync(stored):
             return Outcome(step, Reason.PROJECTED)
@@ -364,12 +366,42 @@ class Writer:
             lambda api: api.apply(res, body, namespace=namespace, field_manager=field_manager)
         )
 
-    async def create_event(self, event: Obj, namespace: str) -> None:
-        """Create an Event; best effort, so a refused Event never fails a reconcile."""
+    async def create(self, res: Resource, body: Obj, *, namespace: str) -> Obj:
+        """Create one object of projector's own (its hash key); the caller handles a 409."""
+        return await self._send(
+            lambda api: api.create(res, body, namespace=namespace, metadata_only=True)
+        )
+
+    async def create_event(self, event: Obj, namespace: str) -> bool:
+        """Create an Event; best effort, so a refused Event never fails a reconcile.
+
+        Tells whether it was created.
+        """
         try:
             await self._send(lambda api: api.create(EVENTS, event, namespace=namespace))
         except ApiError as e:
             log.warning("event not recorded", status=e.status, reason=e.reason, error=e.message)
+            return False
+        return True
+
+    async def patch_event(self, name: str, namespace: str, patch: Obj) -> bool:
+        """Merge-patch an Event recorded before (its count); best effort as well.
+
+        False only if it is gone (the server expired it): the caller records it anew.
+        """
+        try:
+            await self._send(lambda api: api.patch(EVENTS, name, patch, namespace=namespace))
+        except NotFound:
+            return False
+        except ApiError as e:
+            log.warning("event not counted", status=e.status, reason=e.reason, error=e.message)
+        return True
+
+
+def _stored(obj: Obj, namespace: str, name: str, bodies: Bodies) -> Copy:
+    """An object read back at a copy's place, as a cached copy (its data reduced to a hash)."""
+    meta = {**(obj.get("metadata") or {}), "namespace": namespace, "name": name}
+    return parse_copy({**obj, "metadata": meta}, bodies.kind)
 
 
 async def _together(writes: list[Coroutine[Any, Any, Outcome]]) -> list[Outcome]:

@@ -12,6 +12,7 @@ from projector.config import Config
 from projector.controller import Controller
 from projector.errors import ServerError, TooManyRequests
 from projector.metrics import Metrics
+from projector.model import HashKey
 from projector.queue import WorkQueue
 from projector.recorder import Recorder
 from projector.retries import Retries
@@ -21,6 +22,9 @@ from projector.writer import Writer
 from tests.unit.factories import managed_fields
 from tests.unit.fakeapi import FakeApi
 from tests.unit.test_store import copy_obj, grant_obj, ns_obj, source_obj
+
+HASH_KEY = HashKey(b"k" * 32)
+"""The install's hash key, as `run` would have read it."""
 
 
 async def controller(
@@ -49,6 +53,7 @@ async def controller(
         writer=writer,
         recorder=Recorder(writer, "test"),
         tracer=tracer,
+        hash_key=HASH_KEY,
     )
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from projector import config
 from projector.api import DEPLOYMENTS, EVENTS
 from projector.metrics import Metrics
-from projector.model import HASH_ANNOTATION
+from projector.model import GRANT_LABEL, GRANT_UID_ANNOTATION, HASH_ANNOTATION, GrantRecord
 from projector.queue import WorkQueue
 from projector.recorder import Recorder
 from projector.rollout import (
@@ -297,6 +297,7 @@ async def test_rollouts_apply_once_record_an_event_and_count_it() -> None:
         c.synced.set()
         c.healthy.set()
     grant = make_grant(namespaces=["app"], target_name="db")
+    store.grants.put(grant.name, GrantRecord(grant.name, grant.uid, 1, grant, None))
     desired = desired_of(grant, make_source())
     copy = copy_from(desired, "app")
     store.copies.put(copy.key, copy)
@@ -336,6 +337,45 @@ async def test_rollouts_apply_once_record_an_event_and_count_it() -> None:
 
 def applies(api: FakeApi) -> int:
     return sum(verb == "APPLY" for verb, _, _ in api.calls)
+
+
+@pytest.mark.parametrize(
+    ("edits", "counted_as"),
+    [
+        pytest.param({}, "g", id="the-owner"),
+        pytest.param({"labels": {GRANT_LABEL: "forged-1"}}, "g", id="a-forged-grant-label"),
+        pytest.param(
+            {"labels": {GRANT_LABEL: "forged-2"}, "annotations": {GRANT_UID_ANNOTATION: "nope"}},
+            "",
+            id="no-live-grant-owns-it",
+        ),
+    ],
+)
+async def test_a_rollout_is_counted_by_the_grant_cache_never_by_a_copys_label(
+    edits: dict[str, Any], counted_as: str
+) -> None:
+    """A tenant who writes a copy writes its labels: a grant label of its own would be one more
+    series per name it makes up (issue 36). The grant comes from the controller's cache."""
+    api = FakeApi()
+    store = Store(api)
+    metrics = Metrics()
+    writer = Writer(api, metrics=metrics)
+    rollouts = Rollouts(
+        store, writer, queue=WorkQueue(), metrics=metrics, recorder=Recorder(writer, "test")
+    )
+    grant = make_grant(namespaces=["app"], target_name="db")
+    store.grants.put(grant.name, GrantRecord(grant.name, grant.uid, 1, grant, None))
+    copy = copy_from(desired_of(grant, make_source()), "app", **edits)
+    store.copies.put(copy.key, copy)
+    await rollouts._rolled(workload(), ["db"])
+    samples = {
+        s.labels["grant"]: s.value
+        for m in metrics.registry.collect()
+        if m.name == "projector_rollouts"
+        for s in m.samples
+        if s.name == "projector_rollouts_total"
+    }
+    assert samples == {counted_as: 1}
 
 
 def test_rollouts_are_off_unless_asked_and_their_window_is_checked(

@@ -21,7 +21,16 @@ from projector.reconcile import (
     Step,
     plan,
 )
-from projector.status import MAX_FAILURES, Event, compute, events, stamped, unchanged
+from projector.status import (
+    FAILURE_ORDER,
+    FAILURES_OMITTED,
+    MAX_FAILURES,
+    Event,
+    compute,
+    events,
+    stamped,
+    unchanged,
+)
 from tests.unit.factories import (
     SRC_NS,
     T0,
@@ -271,6 +280,46 @@ def test_failures_bounded_keeps_the_first_in_order() -> None:
     assert MAX_FAILURES == 20
     assert [f["namespace"] for f in status["failures"]] == names[:MAX_FAILURES]
     assert status["targets"]["conflicted"] == len(names)  # counts are not bounded
+    assert status[FAILURES_OMITTED] == 5  # and the status says how many it left out
+
+
+def test_failures_list_the_most_severe_first_then_by_namespace() -> None:
+    """With more failures than the status keeps, the admin sees the ones that matter most: a
+    write the server refused is listed even behind 10,000 missing namespaces (issue 36)."""
+    assert set(FAILURE_ORDER) <= FAILURE_REASONS
+    missing = [outcome(f"aa-{i:05}", R.NAMESPACE_MISSING) for i in range(10_000)]
+    worst = [
+        outcome("zz-refused", R.WRITE_FAILED, message="500"),
+        outcome("zz-taken", R.CONFLICT),
+        outcome("yy-rival", R.GRANT_CONFLICT),
+        outcome("xx-key", R.KEY_MISSING),
+        outcome("src", R.SOURCE_NAMESPACE),
+    ]
+    status = compute(a_plan(matched=len(missing) + len(worst)), [*missing, *worst])
+    listed = [(f["reason"], f["namespace"]) for f in status["failures"]]
+    assert listed[:4] == [
+        ("WriteFailed", "zz-refused"),
+        ("Conflict", "zz-taken"),
+        ("GrantConflict", "yy-rival"),
+        ("KeyMissing", "xx-key"),
+    ]
+    assert listed[4:] == [("NamespaceMissing", f"aa-{i:05}") for i in range(MAX_FAILURES - 4)]
+    assert status[FAILURES_OMITTED] == len(missing) + len(worst) - MAX_FAILURES
+
+
+def test_failures_omitted_is_absent_when_all_are_listed_and_dropped_once_it_is_not_needed() -> None:
+    """A status stored before the count existed is unchanged (no write on upgrade); a count
+    no longer needed is removed by the merge patch (null), then nothing is written again."""
+    few = [outcome(f"ns-{i}", R.CONFLICT) for i in range(MAX_FAILURES)]
+    many = [*few, outcome("ns-zz", R.CONFLICT)]
+    assert FAILURES_OMITTED not in compute(a_plan(matched=len(few)), few)
+    old = stamped(compute(a_plan(matched=len(many)), many), None, T0)
+    assert old[FAILURES_OMITTED] == 1
+    new = stamped(compute(a_plan(matched=len(few)), few), old, T1)
+    assert new[FAILURES_OMITTED] is None and not unchanged(new, old)
+    stored = {k: v for k, v in new.items() if v is not None}  # what the server keeps
+    again = stamped(compute(a_plan(matched=len(few)), few), stored, T1)
+    assert FAILURES_OMITTED not in again and unchanged(again, stored)
 
 
 def test_status_is_json_and_holds_no_secret_value() -> None:
@@ -452,7 +501,8 @@ def test_events_none_when_nothing_changed_beyond_the_failure_bound() -> None:
 
 
 def test_events_report_failures_from_the_bounded_sorted_list() -> None:
-    """Warnings come from the list the status keeps: the first MAX_FAILURES by namespace."""
+    """Warnings come from the list the status keeps: the first MAX_FAILURES by severity, then
+    by namespace."""
     names = [f"ns-{i:02}" for i in range(MAX_FAILURES + 5)]
     outs = [outcome(n, R.CONFLICT, message="taken") for n in reversed(names)]
     assert events(outs, None) == [
@@ -460,11 +510,12 @@ def test_events_report_failures_from_the_bounded_sorted_list() -> None:
     ]
     old = compute(a_plan(matched=len(outs)), outs)
     # a new failure sorting after the bound is not in the status, so it is not told either;
-    # one sorting before it enters the status, and is told once
-    late = [*outs, outcome("zz-late", R.WRITE_FAILED, message="500")]
+    # one sorting before it (more severe, or an earlier namespace) enters the status, and is
+    # told once
+    late = [*outs, outcome("zz-late", R.CONFLICT, message="taken")]
     assert events(late, old) == []
-    early = [*outs, outcome("aa-early", R.WRITE_FAILED, message="500")]
-    assert events(early, old) == [Event("Warning", "WriteFailed", "aa-early: 500")]
+    early = [*outs, outcome("zz-refused", R.WRITE_FAILED, message="500")]
+    assert events(early, old) == [Event("Warning", "WriteFailed", "zz-refused: 500")]
     assert events(early, compute(a_plan(matched=len(early)), early)) == []
 
 

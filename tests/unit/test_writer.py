@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from projector.api import EVENTS, GRANTS, SECRETS
+from projector.api import EVENTS, GRANTS, SECRETS, Obj, Request
 from projector.desired import Bodies
 from projector.errors import (
     ApiError,
@@ -52,6 +52,19 @@ TERMINATING = Forbidden(
 
 def plan_for(*copies: Copy) -> Plan:
     return plan(make_snapshot(G, S, namespaces=namespaces("a"), copies=copies))
+
+
+class Reads(FakeApi):
+    """The API double, noting the objects read whole (not as PartialObjectMetadata)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.whole: list[str] = []
+
+    async def send(self, req: Request) -> Obj:
+        if req.verb == "GET" and "PartialObjectMetadata" not in req.accept:
+            self.whole.append(f"{req.namespace}/{req.name}")
+        return await super().send(req)
 
 
 def writer(api: FakeApi) -> tuple[Writer, Metrics]:
@@ -174,12 +187,13 @@ async def test_update_of_a_vanished_copy_creates_it() -> None:
 async def test_create_meeting_an_uncached_secret_asks_the_ownership_rule(
     annotations: dict[str, str], reason: Reason
 ) -> None:
-    api = FakeApi()
+    api = Reads()
     api.add(SECRETS, stored_secret("a", SRC_NAME, annotations=annotations))
     w, _ = writer(api)
     (out,) = await w.execute(plan_for())
     assert out.reason is reason and not out.written
     assert [c[0] for c in api.calls] == ["CREATE", "GET"]
+    assert api.whole == []  # its metadata only: a foreign Secret's data is never read
 
 
 async def test_create_meeting_our_uncached_copy_updates_it() -> None:
@@ -195,7 +209,8 @@ async def test_create_meeting_our_uncached_copy_updates_it() -> None:
     w, _ = writer(api)
     (out,) = await w.execute(plan_for())
     assert (out.reason, out.written) == (Reason.PROJECTED, True)
-    assert [c[0] for c in api.calls] == ["CREATE", "GET", "UPDATE"]
+    # its metadata says it is ours; then it is read whole, to compare its content
+    assert [c[0] for c in api.calls] == ["CREATE", "GET", "GET", "UPDATE"]
 
 
 async def test_create_meeting_our_uncached_copy_already_in_sync_writes_nothing() -> None:
@@ -211,7 +226,7 @@ async def test_create_meeting_our_uncached_copy_already_in_sync_writes_nothing()
     api.calls.clear()
     (again,) = await w.execute(plan_for())  # the cache has not seen the copy yet
     assert (again.reason, again.written) == (Reason.PROJECTED, False)
-    assert [c[0] for c in api.calls] == ["CREATE", "GET"]
+    assert [c[0] for c in api.calls] == ["CREATE", "GET", "GET"]
     assert writes(metrics, "Create", "ok") == 1
 
 
