@@ -40,6 +40,8 @@ def _validate(args: argparse.Namespace) -> int:
         errors += errs
     for e in errors:
         print(e)
+    for w in validating.consent_warnings(args.paths):
+        print(f"warning: {w}", file=sys.stderr)
     if files == 0 or (grants == 0 and not errors):
         print("projector validate: no ProjectionGrant found", file=sys.stderr)
         return 1

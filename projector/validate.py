@@ -25,6 +25,7 @@ import cel
 import jsonschema
 import yaml
 
+from projector.model import EXPORT_TO_ANNOTATION, is_exported
 from projector.names import is_subdomain
 
 CRD_RESOURCE = "crd.yaml"
@@ -268,3 +269,43 @@ def check_file(crd: Crd, path: Path) -> tuple[int, list[Error]]:
     finally:
         loader.dispose()
     return grants, errors
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def consent_warnings(paths: Sequence[Path]) -> list[str]:
+    """Warnings (never errors) on consent a tenant could give itself, across all `paths`.
+
+    A grant that selects namespaces by label, whose source (found among the same manifests)
+    exports to `*` or a glob, hands a copy to any namespace that is labelled to match: it is
+    only as safe as who may label or create namespaces (docs/security.md).
+    """
+    selecting: list[tuple[str, tuple[str, str, str]]] = []
+    open_sources: dict[tuple[str, str, str], str] = {}
+    for path in manifests(paths):
+        try:
+            docs = list(yaml.safe_load_all(path.read_text()))
+        except (OSError, yaml.YAMLError):
+            continue  # check_file reports it
+        for doc in map(_map, docs):
+            meta, spec = _map(doc.get("metadata")), _map(doc.get("spec"))
+            if doc.get("kind") == "ProjectionGrant":
+                source = _map(spec.get("source"))
+                if _map(spec.get("target")).get("namespaceSelector") is not None:
+                    kind = str(source.get("kind") or "Secret")
+                    key = (kind, str(source.get("namespace")), str(source.get("name")))
+                    selecting.append((f"{path}: ProjectionGrant {meta.get('name')}", key))
+            elif doc.get("kind") in ("Secret", "ConfigMap"):
+                export_to = str(_map(meta.get("annotations")).get(EXPORT_TO_ANNOTATION, ""))
+                if is_exported(_map(meta.get("labels"))) and any(c in export_to for c in "*?["):
+                    key = (str(doc["kind"]), str(meta.get("namespace")), str(meta.get("name")))
+                    open_sources[key] = export_to
+    return [
+        f"{where}: selects namespaces by label and its source {kind} {ns}/{name} exports to "
+        f"{open_sources[(kind, ns, name)]!r}: any namespace labelled to match gets a copy, so "
+        "this is only as safe as who may label namespaces (docs/security.md)"
+        for where, (kind, ns, name) in selecting
+        if (kind, ns, name) in open_sources
+    ]

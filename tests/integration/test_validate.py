@@ -242,3 +242,39 @@ def test_the_controller_refuses_each_malformed_spec_too(bad: BadGrant) -> None:
         return
     with pytest.raises(InvalidGrant):
         parse_grant(doc)
+
+
+def test_a_selector_grant_over_a_source_open_to_any_namespace_is_warned_about(
+    tmp_path: Path,
+) -> None:
+    """Consent a tenant could give itself (issue 36): a warning, not an error (exit 0)."""
+    (tmp_path / "pack.yaml").write_text(
+        """
+apiVersion: v1
+kind: Secret
+metadata:
+  name: hub
+  namespace: jupyterhub
+  labels: {projector.nebari.dev/export: "true"}
+  annotations: {projector.nebari.dev/export-to: "*"}
+---
+apiVersion: projector.nebari.dev/v1alpha1
+kind: ProjectionGrant
+metadata: {name: by-label}
+spec:
+  source: {namespace: jupyterhub, name: hub}
+  target: {namespaceSelector: {matchLabels: {nebari.dev/pack: dask}}}
+---
+apiVersion: projector.nebari.dev/v1alpha1
+kind: ProjectionGrant
+metadata: {name: by-name}
+spec:
+  source: {namespace: jupyterhub, name: hub}
+  target: {namespaces: [dask-gateway]}
+"""
+    )
+    result = validate(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    warned = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "ProjectionGrant by-label" in warned[0], result.stderr
+    assert "'*'" in warned[0] and "docs/security.md" in warned[0]
