@@ -296,12 +296,17 @@ class OptedIn(Cache[Ref, Workload]):
         return super().put(key, value)
 
 
+WORKLOAD_PAGE = 50
+"""Workloads per list page: tenants write them, up to the API server's 1.5 MiB each, and a
+page is held whole while it is parsed (75 MiB at most, not 750 at the default 500)."""
+
+
 def spec(kind: WorkloadKind) -> Spec[Ref, Workload]:
     """How one workload kind is listed and watched.
 
     Every object: the server cannot select on annotations, so the filter is `OptedIn`'s.
     """
-    return Spec(kind, RESOURCES[kind], parser(kind), _ref(kind))
+    return Spec(kind, RESOURCES[kind], parser(kind), _ref(kind), page=WORKLOAD_PAGE)
 
 
 # --- the I/O edge --------------------------------------------------------------------------------
