@@ -7,8 +7,10 @@
 - `deploy/crds/`: the chart's CRD, byte for byte (the control plane of the tests installs it);
 - `deploy/rbac/rbac.yaml`: the ServiceAccount, ClusterRole, Roles and bindings (the tests run the
   controller with exactly these);
-- `deploy/rbac/rollouts/rbac.yaml`: what `rollouts.enabled=true` adds to them (the rollout
-  tests add exactly these);
+- `deploy/rbac/admission.yaml`: the ValidatingAdmissionPolicy and binding that confine that
+  ServiceAccount's writes (installed with the RBAC, so every controller test runs under it);
+- `deploy/rbac/rollouts/rbac.yaml` and `deploy/rbac/rollouts/admission.yaml`: what
+  `rollouts.enabled=true` adds to them (the rollout tests add exactly these);
 - `docs/reference/grant.md`: the grant reference, generated from the CRD's schema.
 
 `--check` writes nothing and exits 1 naming every stale file; the test suite runs it.
@@ -30,6 +32,7 @@ CRD_FILE = "projector.nebari.dev_projectiongrants.yaml"
 BUILD_SCRIPT = Path(__file__).resolve().parent / "build.sh"
 RELEASE, NAMESPACE = "projector", "projector-system"
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+ADMISSION_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 
 GENERATED = "# Generated from deploy/helm/projector by `make manifests`; do not edit.\n"
 
@@ -81,14 +84,22 @@ def render(binary: Path) -> dict[Path, str]:
         + yaml.safe_dump(namespace, sort_keys=False)
         + rendered
     )
-    rbac = [d for d in documents(template(binary)) if d["kind"] in RBAC_KINDS]
+    default = documents(template(binary))
+    rbac = [d for d in default if d["kind"] in RBAC_KINDS]
+    admission = [d for d in default if d["kind"] in ADMISSION_KINDS]
     with_rollouts = documents(template(binary, "--set=rollouts.enabled=true"))
     rollouts = [d for d in with_rollouts if d["kind"] in RBAC_KINDS and d not in rbac]
+    rollouts_admission = [
+        d for d in with_rollouts if d["kind"] in ADMISSION_KINDS and d not in admission
+    ]
     return {
         REPO / "deploy" / "install.yaml": install,
         REPO / "deploy" / "crds" / CRD_FILE: GENERATED + crd,
         REPO / "deploy" / "rbac" / "rbac.yaml": GENERATED + _dump(rbac),
+        REPO / "deploy" / "rbac" / "admission.yaml": GENERATED + _dump(admission),
         REPO / "deploy" / "rbac" / "rollouts" / "rbac.yaml": GENERATED + _dump(rollouts),
+        REPO / "deploy" / "rbac" / "rollouts" / "admission.yaml": GENERATED
+        + _dump(rollouts_admission),
         REPO / "docs" / "reference" / "grant.md": grant_reference(yaml.safe_load(crd)),
     }
 

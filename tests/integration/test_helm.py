@@ -173,7 +173,12 @@ def test_rollouts_are_off_by_default_and_only_enabling_them_grants_access_to_wor
             assert "apps" not in rule["apiGroups"], (name, rule)
     on = render(helm_bin, "--set=rollouts.enabled=true")
     assert "--rollouts" in container(on)["args"]
-    added = {("ClusterRole", "projector-rollouts"), ("ClusterRoleBinding", "projector-rollouts")}
+    added = {
+        ("ClusterRole", "projector-rollouts"),
+        ("ClusterRoleBinding", "projector-rollouts"),
+        ("ValidatingAdmissionPolicy", "projector-rollout-annotations-only"),
+        ("ValidatingAdmissionPolicyBinding", "projector-rollout-annotations-only"),
+    }
     assert set(on) - set(off) == added
     assert on[("ClusterRole", "projector-rollouts")]["rules"] == [
         {

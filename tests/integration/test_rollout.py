@@ -31,12 +31,16 @@ LEASE_FLAGS = ("--lease-duration=3s", "--renew-deadline=2s", "--retry-period=0.5
 
 @pytest.fixture(scope="module")
 def rollout_rbac(admin_client: client.ApiClient, projector_kubeconfig: Any) -> Iterator[None]:
-    """What rollouts.enabled=true adds to the shipped RBAC; removed again afterwards."""
-    assert apply_manifests(admin_client, RBAC / "rollouts") == 2
+    """What rollouts.enabled=true adds to the shipped RBAC, with the admission policy that
+    confines its workload patches to rollout annotations; removed again afterwards."""
+    assert apply_manifests(admin_client, RBAC / "rollouts") == 4
     yield
     rbac = client.RbacAuthorizationV1Api(admin_client)
     rbac.delete_cluster_role_binding("projector-rollouts")
     rbac.delete_cluster_role("projector-rollouts")
+    admission = client.AdmissionregistrationV1Api(admin_client)
+    admission.delete_validating_admission_policy_binding("projector-rollout-annotations-only")
+    admission.delete_validating_admission_policy("projector-rollout-annotations-only")
 
 
 @pytest.fixture

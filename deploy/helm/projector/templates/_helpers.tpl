@@ -57,3 +57,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 {{- end }}
+
+{{/* The namespaces projector never writes a Secret or ConfigMap into, comma-separated: the
+protectedNamespaces value plus the release's own namespace (always), each once. The
+controller's --protected-namespaces and the admission policy both read this one list. */}}
+{{- define "projector.protectedNamespaces" -}}
+{{- concat .Values.protectedNamespaces (list .Release.Namespace) | uniq | join "," }}
+{{- end }}
