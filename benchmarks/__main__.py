@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import e2e, failover, hotpath, scaling
+from benchmarks import e2e, failover, hostile, hotpath, scaling
 from benchmarks.common import RESULTS
 from benchmarks.harness import control_plane
 from projector.kube import Kube
@@ -141,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         help="results folder (default: benchmarks/results for full, benchmarks/results-quick "
         "for quick; tiny requires it)",
     )
-    p.add_argument("--only", default="hotpath,fanout,latency,burst,failover,restart,scaling")
+    p.add_argument(
+        "--only", default="hotpath,hostile,fanout,latency,burst,failover,restart,scaling"
+    )
     p.add_argument(
         "--kubeconfig",
         type=Path,
@@ -158,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     paths: list[Path] = []
     if "hotpath" in only:
         paths.append(hotpath.run(size["hot"], size["hot_repeats"], out=a.out))
+    if "hostile" in only:
+        paths.append(hostile.run(out=a.out))
     work = Path(tempfile.mkdtemp(prefix="projector-bench-"))
     try:
         if a.kubeconfig:

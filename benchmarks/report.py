@@ -429,6 +429,9 @@ def targets(docs: dict[str, Any], results: Path = RESULTS) -> list[str]:
     hot_sync = _get(docs, "hotpath", "projector", f"{hot}in_sync_{hot_n}")
     hot_create = _get(docs, "hotpath", "projector", f"{hot}create_{hot_n}")
     copies_restart, grants_memory = param("restart", "copies"), param("memory", "grants")
+    hostile = (docs.get("hostile-input", {}).get("systems") or {}).get("projector") or {}
+    hostile_p50 = max((m["median"] for m in hostile.values()), default=None)
+    hostile_p99 = max((m["p99"] for m in hostile.values()), default=None)
 
     def at_size(ok: bool | None, measured: Any, wanted: int, what: str) -> str:
         """A verdict at a smaller size than the target's says so."""
@@ -605,6 +608,14 @@ def targets(docs: dict[str, Any], results: Path = RESULTS) -> list[str]:
                 "namespaces",
             ),
             files("hotpath"),
+        ),
+        (
+            "one hostile tenant object: parse and match at each cap",
+            "p50 <= 5 ms on the event loop",
+            f"worst p50 {v(hostile_p50, 'ms')}, worst p99 {v(hostile_p99, 'ms')} "
+            f"({len(hostile)} parsers)",
+            verdict(check(hostile_p50, lambda x: x <= 5)),
+            files("hostile-input"),
         ),
     ]
     lines = [

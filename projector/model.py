@@ -59,6 +59,10 @@ EXPORT_KEYS_ANNOTATION = f"{PREFIX}export-keys"
 MAX_EXPORT_TO_ENTRIES = 256
 """More entries than this in an export-to annotation, and it is ignored as a whole (nobody):
 a tenant writes it, and every event of its Secret parses it (DESIGN §3, hostile input)."""
+MAX_EXPORT_TO_GLOBS = 32
+"""More globs than this among the entries, and the annotation is ignored as a whole: the globs
+are compiled into one expression when a grant first matches them, which costs about 0.12 ms a
+glob (4 ms at the cap, measured in `benchmarks/hostile.py`); names cost a set entry."""
 MAX_EXPORT_TO_LENGTH = 16384
 """Characters of an export-to annotation past which it is ignored as a whole (256 entries of
 a 63-character namespace name, with their commas, fit)."""
@@ -274,7 +278,7 @@ _GLOB = re.compile(r"[*?\[]")
 def _globs_regex(globs: tuple[str, ...]) -> re.Pattern[str]:
     """One expression that matches a namespace when any of `globs` does.
 
-    Bounded: at most 256 sets are kept, each of at most `MAX_EXPORT_TO_ENTRIES` globs.
+    Bounded: at most 256 sets are kept, each of at most `MAX_EXPORT_TO_GLOBS` globs.
     """
     return re.compile("|".join(f"(?:{fnmatch.translate(g)})" for g in globs))
 
@@ -344,6 +348,9 @@ def parse_source(
     value = (meta.get("annotations") or {}).get(EXPORT_TO_ANNOTATION)
     too_big = export_to_too_big(value)
     patterns = () if too_big else parse_export_to(value)
+    if sum(_GLOB.search(p) is not None for p in patterns) > MAX_EXPORT_TO_GLOBS:
+        too_big = f"export-to has more than {MAX_EXPORT_TO_GLOBS} globs; ignored as a whole"
+        patterns = ()
     ignored = invalid_export_to(patterns)
     bad = set(ignored)
     return Source(

@@ -19,6 +19,7 @@ from tests.launcher import run_module
 
 EXPECTED = {
     "hotpath",
+    "hostile-input",
     "fanout-5",
     "fanout-5-debounce0",
     "latency",
