@@ -159,6 +159,51 @@ def image(title: str) -> str:
     return f"img/observability/{slug(title)}.png"
 
 
+SCRAPING = """## Scraping metrics
+
+`/metrics` has a port of its own, 8443 (`--metrics-port`, the chart's `service.port`), and is
+served over HTTPS to a bearer token only: the controller asks the API server whose token it is
+(a TokenReview) and whether that user may `get` the non-resource URL `/metrics` (a
+SubjectAccessReview), as controller-runtime's secure metrics and kube-rbac-proxy do. No token
+or an unknown one: 401; a token not allowed: 403. The chart ships the ClusterRole
+`<release>-metrics-reader` (`nonResourceURLs: [/metrics]`, `get`): bind a scraper's
+ServiceAccount to it (`metrics.readers`), and the ServiceMonitor (`metrics.serviceMonitor`)
+scrapes with the Prometheus pod's own token. The certificate is made at each start and signed
+by itself, unless `metrics.certSecret` names a TLS Secret (`--metrics-cert-dir`); a scraper
+skips verifying the self-signed one (`insecureSkipVerify`): what it may read rests on its token.
+A verdict is remembered for a minute (by the token's SHA-256, at most 1,024 of them), so a
+scraper costs two reviews a minute; the reviews have a client session of their own, limited to
+10 a second, and at most 8 new tokens are reviewed at once (429 beyond), so a flood of tokens
+never takes the controller's write budget. `/healthz` and `/readyz` stay plain HTTP on 8080
+(`--http-port`, `probes.port`) for the kubelet. `metrics.secure: false`
+(`--no-metrics-secure`) serves `/metrics` in plain HTTP to whoever reaches the port, and the
+chart then grants no reviews and ships no metrics-reader role.
+
+By hand, and as a scrape config without the operator (the real-Prometheus test scrapes so):
+
+```sh
+kubectl -n projector-system port-forward svc/projector-metrics 8443 &
+curl -sk -H "Authorization: Bearer $(kubectl -n monitoring create token prometheus)" \\
+  https://127.0.0.1:8443/metrics
+```
+
+```yaml
+- job_name: projector
+  scheme: https
+  authorization:
+    credentials_file: /var/run/secrets/kubernetes.io/serviceaccount/token
+  tls_config:
+    insecure_skip_verify: true
+  kubernetes_sd_configs: [{role: endpoints, namespaces: {names: [projector-system]}}]
+  relabel_configs:
+    - source_labels: [__meta_kubernetes_service_name, __meta_kubernetes_endpoint_port_name]
+      regex: projector-metrics;metrics
+      action: keep
+```
+"""
+"""How /metrics is read: written here, since the page is drawn anew by each run."""
+
+
 def page(images: Sequence[tuple[str, str]], values: Sequence[tuple[str, str, str]]) -> str:
     """The Markdown of docs/observability.md: pictures first, then every query and its value."""
     lines = [
@@ -175,6 +220,8 @@ def page(images: Sequence[tuple[str, str]], values: Sequence[tuple[str, str, str
         "series that carried a value other than zero. The dashboard itself is",
         "`deploy/grafana/projector.json`; the metrics are described in `docs/metrics.md`; the",
         "alerts and what to do about them in `docs/runbook.md`.",
+        "",
+        *SCRAPING.splitlines(),
         "",
     ]
     for title, path in images:

@@ -45,6 +45,10 @@ GRANTS = Resource("projector.nebari.dev/v1alpha1", "projectiongrants", False, "P
 DEPLOYMENTS = Resource("apps/v1", "deployments", True, "Deployment")
 STATEFULSETS = Resource("apps/v1", "statefulsets", True, "StatefulSet")
 DAEMONSETS = Resource("apps/v1", "daemonsets", True, "DaemonSet")
+TOKENREVIEWS = Resource("authentication.k8s.io/v1", "tokenreviews", False, "TokenReview")
+SUBJECTACCESSREVIEWS = Resource(
+    "authorization.k8s.io/v1", "subjectaccessreviews", False, "SubjectAccessReview"
+)
 
 
 class Precondition(NamedTuple):
@@ -248,6 +252,19 @@ class Api(ABC):
         query = (("fieldManager", FIELD_MANAGER),)
         req = Request("CREATE", res, namespace, query=query, body=body, accept=accept)
         return await self.send(req)
+
+    async def review(self, res: Resource, spec: Obj) -> Obj:
+        """POST a review (a TokenReview, a SubjectAccessReview) and return the server's status.
+
+        Nothing is stored: the answer is the review with its status filled in (false fields
+        left out). An answer that is not a review is an error, never a denial to remember.
+        """
+        body = {"apiVersion": res.version, "kind": res.kind, "spec": spec}
+        out = await self.send(Request("CREATE", res, body=body))
+        if out.get("kind") != res.kind:
+            raise ServerError(0, "IncompleteResponse", f"the answer to a {res.kind} is not one")
+        status: Obj = out.get("status") or {}
+        return status
 
     async def replace(
         self,

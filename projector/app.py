@@ -1,7 +1,8 @@
 """The wiring root: builds every part once, runs them together, shuts them down cleanly.
 
-Order: HTTP port first (so /healthz answers during sync), then the informers that fill the
-store, then, once every cache is synced, the workers, for as long as this replica leads.
+Order: the HTTP ports first (so /healthz answers during sync; the metrics port's certificate
+is made while the API server is connected to), then the informers that fill the store, then,
+once every cache is synced, the workers, for as long as this replica leads.
 SIGTERM/SIGINT stop it: the queue is shut down, the tasks cancelled and the HTTP session
 closed, and no task is left behind.
 
@@ -20,6 +21,7 @@ import contextlib
 import ctypes
 import gc
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Sequence
@@ -29,10 +31,12 @@ import structlog
 import uvloop
 from aiohttp import web
 
+from projector import certs
 from projector import config as config_mod
+from projector.access import Access
 from projector.config import Config
 from projector.controller import Controller
-from projector.endpoints import http_app
+from projector.endpoints import health_app, metrics_app
 from projector.errors import ProjectorError
 from projector.informer import Informer
 from projector.kube import Kube
@@ -52,6 +56,10 @@ log = structlog.get_logger("projector")
 DRAIN_SECONDS = 5.0
 """On SIGTERM, how long reconciles under way may take to finish (a replace is never cut)."""
 
+REVIEW_QPS, REVIEW_BURST = 10.0, 20
+"""The rate limit of the metrics port's token reviews, on a session of their own: a scraper
+needs two a minute, and a flood of tokens costs the API server no more than this."""
+
 
 async def run(
     cfg: Config, *, stop: asyncio.Event | None = None, metrics: Metrics | None = None
@@ -62,8 +70,22 @@ async def run(
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    process = await Process.build(cfg, metrics or Metrics())
-    await process.open_port()
+    tls = (
+        asyncio.create_task(certs.serving_context(cfg.metrics_cert_dir))
+        if cfg.metrics_secure
+        else None
+    )
+    try:
+        process = await Process.build(cfg, metrics or Metrics())
+    except BaseException:
+        if tls is not None:
+            tls.cancel()
+        raise
+    try:
+        await process.open_port(await tls if tls is not None else None)
+    except BaseException:  # a port taken, a certificate that does not load: nothing left open
+        await process.close()
+        raise
     task = asyncio.create_task(process.serve(), name="controller")
     stopper = asyncio.create_task(stop.wait(), name="stop")
     try:
@@ -86,9 +108,12 @@ class Process:
         kube: Kube,
         elector: Elector | None,
         lease_api: Kube | None,
+        review_api: Kube | None = None,
     ) -> None:
         self.cfg, self.metrics, self.kube = cfg, metrics, kube
         self.elector, self.lease_api = elector, lease_api
+        self.review_api = review_api
+        """The metrics port's TokenReviews and SubjectAccessReviews (None: plain metrics)."""
         fence = elector.valid_for if elector is not None else None
         self.store = store = Store(kube)
         self.behind = False
@@ -136,9 +161,9 @@ class Process:
         """The tasks that run for the life of the process: if one ends, the process is wedged."""
         self.workers: list[asyncio.Task[None]] = []
         """The workers of the current leadership term (none while following)."""
-        self.runner = web.AppRunner(
-            http_app(metrics, alive=self.alive, ready=self.ready), access_log=None
-        )
+        self.runner = web.AppRunner(health_app(alive=self.alive, ready=self.ready), access_log=None)
+        access = Access(review_api) if review_api is not None else None
+        self.metrics_runner = web.AppRunner(metrics_app(metrics, access=access), access_log=None)
 
     def _informer(self, cache: Cache[Any, Any]) -> Informer[Any, Any]:
         cfg = self.cfg
@@ -180,7 +205,17 @@ class Process:
             identity=cfg.id,
             fence=elector.valid_for if elector is not None else None,
         )
-        return cls(cfg, metrics, kube, elector, lease_api)
+        review_api: Kube | None = None
+        if cfg.metrics_secure:  # its own session and rate limit: scrapers never take the writes'
+            review_api = await Kube.connect(
+                cfg.kubeconfig,
+                qps=REVIEW_QPS,
+                burst=REVIEW_BURST,
+                on_request=metrics.on_request,
+                identity=cfg.id,
+                timeout=5.0,
+            )
+        return cls(cfg, metrics, kube, elector, lease_api, review_api)
 
     def alive(self) -> bool:
         """Not wedged: every long-lived task runs, and every informer steps (or retries).
@@ -211,15 +246,28 @@ class Process:
             if self.workers:  # the grants that waited on a cache run now, not when backoff ends
                 self.controller.resync()
 
-    async def open_port(self) -> None:
-        """The HTTP port first, so /healthz answers while the caches sync."""
+    async def open_port(self, tls: ssl.SSLContext | None = None) -> None:
+        """The HTTP ports first, so /healthz answers while the caches sync.
+
+        /metrics is served over `tls` (None: plain HTTP, `--no-metrics-secure`).
+        """
         cfg = self.cfg
         await self.runner.setup()
         site = web.TCPSite(self.runner, cfg.http_host, cfg.http_port)
         await site.start()
+        await self.metrics_runner.setup()
+        metrics_site = web.TCPSite(
+            self.metrics_runner, cfg.http_host, cfg.metrics_port, ssl_context=tls
+        )
+        await metrics_site.start()
         leader_elect = self.elector is not None
         log.info(
-            "started", http=site.name, id=cfg.id, workers=cfg.workers, leader_elect=leader_elect
+            "started",
+            http=site.name,
+            metrics=metrics_site.name,
+            id=cfg.id,
+            workers=cfg.workers,
+            leader_elect=leader_elect,
         )
 
     async def serve(self) -> None:
@@ -282,12 +330,17 @@ class Process:
                 await t
         if self.elector is not None:
             await self.elector.release()
-        if self.lease_api is not None:
-            await self.lease_api.close()
-        await self.runner.cleanup()
-        await self.kube.close()
+        await self.close()
         self.metrics.leading(False)
         log.info("stopped")
+
+    async def close(self) -> None:
+        """Close the ports and the API server sessions."""
+        await self.runner.cleanup()
+        await self.metrics_runner.cleanup()
+        for api in (self.lease_api, self.review_api, self.kube):
+            if api is not None:
+                await api.close()
 
 
 def settle_heap() -> None:

@@ -35,8 +35,19 @@ class Config:
     namespace: str = "projector-system"
     """The controller's own namespace: its leader-election Lease lives here."""
     http_port: int = 8080
-    """One port for /metrics, /healthz and /readyz; 0 picks a free one."""
+    """Plain HTTP for the kubelet's probes: /healthz and /readyz; 0 picks a free one."""
     http_host: str = "0.0.0.0"
+    """The address both ports listen on."""
+    metrics_port: int = 8443
+    """/metrics alone, on its own port; 0 picks a free one."""
+    metrics_secure: bool = True
+    """/metrics over HTTPS, for a bearer token that a TokenReview authenticates and a
+    SubjectAccessReview allows to `get` the non-resource URL /metrics (`projector.access`), as
+    controller-runtime's secure metrics and kube-rbac-proxy serve it. Off: plain HTTP, anyone
+    who reaches the port reads it."""
+    metrics_cert_dir: str = ""
+    """A directory with tls.crt and tls.key for the metrics port (a mounted kubernetes.io/tls
+    Secret); empty: a self-signed certificate made in memory at start (`projector.certs`)."""
     workers: int = 4
     """Grants reconciled concurrently."""
     write_concurrency: int = 32
@@ -141,6 +152,8 @@ FLAGS = (
     Flag("--namespace", str),
     Flag("--http-port", int),
     Flag("--http-host", str),
+    Flag("--metrics-port", int),
+    Flag("--metrics-cert-dir", str, "directory holding tls.crt and tls.key for the metrics port"),
     Flag("--workers", int),
     Flag("--write-concurrency", int),
     Flag("--debounce", float, "trailing debounce window in seconds"),
@@ -200,6 +213,12 @@ def parser() -> argparse.ArgumentParser:
         default=_env("ROLLOUTS", "false").lower() in ("1", "true", "yes"),
         help="roll workloads that opt in with projector.nebari.dev/rollout-on (default off)",
     )
+    p.add_argument(
+        "--metrics-secure",
+        action=argparse.BooleanOptionalAction,
+        default=_env("METRICS_SECURE", "true").lower() in ("1", "true", "yes"),
+        help="serve /metrics over HTTPS to authorized bearer tokens only (default on)",
+    )
     p.add_argument("--id", default=_env("ID", "") or socket.gethostname())
     for flag in FLAGS:
         flag.add(p, getattr(d, flag.field))
@@ -222,6 +241,8 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         p.error("need 0 <= --rollout-debounce <= --rollout-debounce-max")
     if a.resync_period < 0:
         p.error("--resync-period must be 0 (off) or positive")
+    if a.metrics_port and a.metrics_port == a.http_port:
+        p.error("--metrics-port and --http-port must differ")
     if not a.id:
         p.error("--id must not be empty")
     try:
@@ -233,6 +254,7 @@ def parse(argv: Sequence[str] | None = None) -> Config:
         kubeconfig=a.kubeconfig,
         leader_elect=a.leader_elect,
         rollouts=a.rollouts,
+        metrics_secure=a.metrics_secure,
         id=a.id,
         lease=lease,
         **fields,

@@ -1,15 +1,19 @@
 """The one launcher of `projector run` subprocesses: integration tests, the demo, benchmarks.
 
-Each starts the real controller as a process on a free loopback port, reads its /readyz and
-/metrics, and stops it with a signal; OTEL_* variables are dropped so no test exports spans
-unless it passes its own (`env`).
+Each starts the real controller as a process on two free loopback ports, reads its /readyz
+(plain HTTP) and /metrics, and stops it with a signal; OTEL_* variables are dropped so no test
+exports spans unless it passes its own (`env`). Given a scraper's bearer token, the controller
+serves /metrics as the chart ships it (HTTPS, reviewed tokens only) and the launcher reads it
+with that token; without one, over plain HTTP (`--no-metrics-secure`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -22,7 +26,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.controlplane.plane import free_port
+from tests.controlplane.plane import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,20 +36,42 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 @dataclass
 class ControllerProcess:
-    """One `projector run` subprocess, with its log file and HTTP port."""
+    """One `projector run` subprocess, with its log file and HTTP ports."""
 
     proc: subprocess.Popen[bytes]
     port: int
+    """/healthz and /readyz, plain HTTP."""
     log: Path
     started: float
     """time.monotonic() just before the process was spawned."""
     stopped: bool = False
     """stop() was called: how the process ended is the caller's to check."""
+    metrics_port: int = 0
+    """/metrics: HTTPS if `metrics_token`, else plain HTTP."""
+    metrics_token: str | None = None
+    """A scraper's bearer token, allowed to read /metrics (None: the port is plain HTTP)."""
 
-    def get(self, path: str) -> tuple[int, str]:
-        """GET a path of its HTTP port: (status, body); (0, "") if nothing answers."""
+    @property
+    def metrics_url(self) -> str:
+        """The URL of its /metrics."""
+        scheme = "http" if self.metrics_token is None else "https"
+        return f"{scheme}://127.0.0.1:{self.metrics_port}/metrics"
+
+    def get(self, path: str, headers: Mapping[str, str] | None = None) -> tuple[int, str]:
+        """GET a path: (status, body); (0, "") if nothing answers.
+
+        /metrics from the metrics port, with the scraper's token; the rest from the probes' port.
+        """
+        if path.startswith("/metrics"):
+            url = self.metrics_url + path.removeprefix("/metrics")
+            token = {"Authorization": f"Bearer {self.metrics_token}"} if self.metrics_token else {}
+            headers = token | dict(headers or {})
+        else:
+            url = f"http://127.0.0.1:{self.port}{path}"
+        request = urllib.request.Request(url, headers=dict(headers or {}))
+        tls = unverified_tls() if url.startswith("https") else None
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+            with urllib.request.urlopen(request, timeout=5, context=tls) as r:
                 return int(r.status), r.read().decode()
         except urllib.error.HTTPError as e:
             return int(e.code), e.read().decode()
@@ -139,6 +165,13 @@ class ControllerProcess:
         return stop_process(self.proc, sig, timeout)
 
 
+@functools.cache
+def unverified_tls() -> ssl.SSLContext:
+    """TLS that accepts the controller's self-signed certificate, as the chart's ServiceMonitor
+    does (`insecureSkipVerify`): what a scraper may read rests on its token."""
+    return ssl._create_unverified_context()
+
+
 def stop_process(
     proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 20.0
 ) -> int:
@@ -162,14 +195,17 @@ def launch(
     leader_elect: bool = False,
     env: Mapping[str, str] | None = None,
     prefix: Sequence[str] = (),
+    metrics_token: str | None = None,
 ) -> ControllerProcess:
-    """Start `projector run` against `kubeconfig` on a free loopback port, logging to `log`.
+    """Start `projector run` against `kubeconfig` on free loopback ports, logging to `log`.
 
     One replica runs with `--no-leader-elect` unless `leader_elect` (then it is one of several).
     `env` is added to the environment (e.g. OTEL_EXPORTER_OTLP_ENDPOINT of a test's collector).
     `prefix` goes between the interpreter and `-m projector` (a profiler's `-m pyinstrument ...`).
+    `metrics_token`: a scraper's token, and /metrics is served as shipped (HTTPS, reviewed
+    tokens); None: `--no-metrics-secure`, plain HTTP.
     """
-    port = free_port()
+    port, metrics_port = free_ports(2)
     args = [
         python,
         *prefix,
@@ -178,7 +214,9 @@ def launch(
         "run",
         f"--kubeconfig={kubeconfig}",
         f"--http-port={port}",
+        f"--metrics-port={metrics_port}",
         "--http-host=127.0.0.1",
+        *(["--no-metrics-secure"] if metrics_token is None else []),
         *([] if leader_elect else ["--no-leader-elect"]),
         *extra,
     ]
@@ -186,7 +224,9 @@ def launch(
     started = time.monotonic()
     with log.open("wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    return ControllerProcess(proc, port, log, started)
+    return ControllerProcess(
+        proc, port, log, started, metrics_port=metrics_port, metrics_token=metrics_token
+    )
 
 
 def validate(*args: Path | str) -> subprocess.CompletedProcess[str]:

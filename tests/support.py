@@ -219,13 +219,10 @@ def apply_manifests(api: client.ApiClient, directory: Path) -> int:
     return applied
 
 
-def projector_kubeconfig(
-    api: client.ApiClient, plane: ControlPlane, dest: Path, rbac: Path = RBAC
-) -> Path:
-    """Install the shipped RBAC (`rbac`) and write a kubeconfig of its ServiceAccount (never
-    admin).
+def install_rbac(api: client.ApiClient, rbac: Path = RBAC) -> str:
+    """Create projector's namespace and apply the shipped RBAC (`rbac`); return the namespace.
 
-    The controller under test or in the demo then runs with exactly the shipped permissions.
+    Idempotent: a session reusing a plane has it applied again.
     """
     namespace = "projector-system"
     core = client.CoreV1Api(api)
@@ -236,9 +233,70 @@ def projector_kubeconfig(
             raise
     if not apply_manifests(api, rbac):
         raise AssertionError(f"no manifest in {rbac}")
-    token = request_token(core, "projector", namespace)
+    return namespace
+
+
+def projector_kubeconfig(
+    api: client.ApiClient, plane: ControlPlane, dest: Path, rbac: Path = RBAC
+) -> Path:
+    """Install the shipped RBAC (`rbac`) and write a kubeconfig of its ServiceAccount (never
+    admin).
+
+    The controller under test or in the demo then runs with exactly the shipped permissions.
+    """
+    namespace = install_rbac(api, rbac)
+    token = request_token(client.CoreV1Api(api), "projector", namespace)
     user = f"system:serviceaccount:{namespace}:projector"
     return write_token_kubeconfig(dest, plane, token, user=user, namespace=namespace)
+
+
+METRICS_READER = "projector-metrics-reader"
+"""The shipped ClusterRole that lets a scraper `get` /metrics (deploy/rbac/)."""
+
+
+def _create(call: Callable[[], object]) -> None:
+    """Create something that a session reusing a plane may already have (409 is fine)."""
+    try:
+        call()
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
+
+
+def metrics_allowed(api: client.ApiClient, namespace: str, service_account: str) -> bool:
+    """The API server's RBAC authorizer lets that ServiceAccount `get` /metrics (as admin asks)."""
+    review = client.AuthorizationV1Api(api).create_subject_access_review(
+        client.V1SubjectAccessReview(
+            spec=client.V1SubjectAccessReviewSpec(
+                user=f"system:serviceaccount:{namespace}:{service_account}",
+                groups=["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
+                non_resource_attributes=client.V1NonResourceAttributes(path="/metrics", verb="get"),
+            )
+        )
+    )
+    return bool(review.status and review.status.allowed)
+
+
+def scraper_token(
+    api: client.ApiClient, namespace: str = "monitoring", service_account: str = "prometheus"
+) -> str:
+    """A token of a scraper's ServiceAccount bound to the shipped metrics-reader ClusterRole, as
+    a Prometheus's is (the ClusterRole is installed with the shipped RBAC, `projector_kubeconfig`).
+    """
+    core = client.CoreV1Api(api)
+    meta = client.V1ObjectMeta
+    _create(lambda: core.create_namespace(client.V1Namespace(metadata=meta(name=namespace))))
+    sa = client.V1ServiceAccount(metadata=meta(name=service_account))
+    _create(lambda: core.create_namespaced_service_account(namespace, sa))
+    rbac = client.RbacAuthorizationV1Api(api)
+    binding = f"{namespace}-{service_account}-metrics-reader"
+    _create(lambda: bind_service_account(rbac, binding, METRICS_READER, service_account, namespace))
+    eventually(
+        lambda: metrics_allowed(api, namespace, service_account),
+        timeout=30,
+        message=f"{namespace}/{service_account} may get /metrics",
+    )
+    return request_token(core, service_account, namespace)
 
 
 @dataclass

@@ -2,9 +2,11 @@
 
 The controller runs as a subprocess (`tests.launcher`), with a ServiceAccount token bound to the
 ClusterRole and Role shipped in `deploy/rbac/`, so the shipped permissions are what the tests
-prove. Tests arrange and assert with the official client (as admin). Every Secret value a test
-creates is a canary: after each controller stops, its logs and metrics, and the Events and
-statuses of the test's grants, are scanned for those values (raw and base64).
+prove; its /metrics is served as shipped (HTTPS, each token reviewed by the API server) and
+read with the token of a scraper bound to the shipped metrics-reader ClusterRole. Tests arrange
+and assert with the official client (as admin). Every Secret value a test creates is a canary:
+after each controller stops, its logs and metrics, and the Events and statuses of the test's
+grants, are scanned for those values (raw and base64).
 """
 
 from __future__ import annotations
@@ -35,9 +37,20 @@ def projector_kubeconfig(
     return support.projector_kubeconfig(admin_client, control_plane, dest)
 
 
+@pytest.fixture(scope="session")
+def metrics_token(admin_client: client.ApiClient) -> str:
+    """The token of a scraper (monitoring/prometheus) bound to the shipped metrics-reader role.
+
+    The shipped RBAC is applied here too (idempotent): a module may override
+    `projector_kubeconfig` with a function-scoped one.
+    """
+    support.install_rbac(admin_client)
+    return support.scraper_token(admin_client)
+
+
 @pytest.fixture
 def start_controller(
-    projector_kubeconfig: Path, tmp_path: Path, canaries: Canaries
+    projector_kubeconfig: Path, metrics_token: str, tmp_path: Path, canaries: Canaries
 ) -> Iterator[Any]:
     """Start `projector run` subprocesses; each is stopped (SIGTERM, exit 0) and scanned.
 
@@ -65,6 +78,7 @@ def start_controller(
             *extra,
             leader_elect=leader_elect,
             env=env,
+            metrics_token=metrics_token,
         )
         procs.append(cp)
         if wait_ready:

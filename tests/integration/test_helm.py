@@ -85,6 +85,7 @@ def test_template_default_values_is_restricted_and_highly_available(helm_bin: Pa
         [
             "ClusterRole",
             "ClusterRole",
+            "ClusterRole",  # projector-metrics-reader
             "ClusterRoleBinding",
             "Deployment",
             "NetworkPolicy",
@@ -163,6 +164,90 @@ def test_template_non_default_values(helm_bin: Path) -> None:
     assert "--no-leader-elect" in args and "--leader-elect" not in args
 
 
+def test_metrics_are_https_for_the_metrics_reader_and_plain_only_when_asked(
+    helm_bin: Path,
+) -> None:
+    """Secure by default: /metrics on its own port, the probes on `http`; the controller may
+    review tokens; a scraper needs `<release>-metrics-reader`; the ServiceMonitor scrapes over
+    HTTPS with Prometheus's token. metrics.secure=false takes all of that away."""
+    docs = render(helm_bin, "--set=metrics.serviceMonitor.enabled=true")
+    c = container(docs)
+    assert {"--http-port=8080", "--metrics-port=8443"} <= set(c["args"])
+    assert not any(a.startswith(("--no-metrics-secure", "--metrics-cert-dir")) for a in c["args"])
+    assert [(p["name"], p["containerPort"]) for p in c["ports"]] == [
+        ("metrics", 8443),
+        ("http", 8080),
+    ]
+    assert c["livenessProbe"]["httpGet"]["port"] == c["readinessProbe"]["httpGet"]["port"] == "http"
+    service = docs[("Service", "projector-metrics")]["spec"]["ports"]
+    assert service == [
+        {"name": "metrics", "port": 8443, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    ingress = docs[("NetworkPolicy", "projector")]["spec"]["ingress"][0]["ports"]
+    assert {p["port"] for p in ingress} == {"metrics", "http"}
+    reviews = [
+        {
+            "apiGroups": ["authentication.k8s.io"],
+            "resources": ["tokenreviews"],
+            "verbs": ["create"],
+        },
+        {
+            "apiGroups": ["authorization.k8s.io"],
+            "resources": ["subjectaccessreviews"],
+            "verbs": ["create"],
+        },
+    ]
+    assert all(r in docs[("ClusterRole", "projector")]["rules"] for r in reviews)
+    reader = docs[("ClusterRole", "projector-metrics-reader")]
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    assert ("ClusterRoleBinding", "projector-metrics-reader") not in docs  # metrics.readers: []
+    (endpoint,) = docs[("ServiceMonitor", "projector")]["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["scheme"] == "https"
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert endpoint["tlsConfig"] == {"insecureSkipVerify": True}
+
+    certified = render(
+        helm_bin,
+        "--set=metrics.serviceMonitor.enabled=true",
+        "--set=metrics.certSecret=projector-metrics-tls",
+        "--set=metrics.readers[0].kind=ServiceAccount",
+        "--set=metrics.readers[0].name=prometheus",
+        "--set=metrics.readers[0].namespace=monitoring",
+        "--set=metrics.serviceMonitor.authorization.credentials.name=scraper",
+        "--set=metrics.serviceMonitor.authorization.credentials.key=token",
+    )
+    c = container(certified)
+    assert "--metrics-cert-dir=/etc/projector/metrics-tls" in c["args"]
+    assert {"name": "metrics-tls", "mountPath": "/etc/projector/metrics-tls", "readOnly": True} in (
+        c["volumeMounts"]
+    )
+    pod = certified[("Deployment", "projector")]["spec"]["template"]["spec"]
+    assert {"name": "metrics-tls", "secret": {"secretName": "projector-metrics-tls"}} in pod[
+        "volumes"
+    ]
+    (endpoint,) = certified[("ServiceMonitor", "projector")]["spec"]["endpoints"]
+    assert endpoint["authorization"] == {"credentials": {"name": "scraper", "key": "token"}}
+    assert "bearerTokenFile" not in endpoint
+    assert endpoint["tlsConfig"] == {
+        "serverName": "projector-metrics.projector-system.svc",
+        "ca": {"secret": {"name": "projector-metrics-tls", "key": "ca.crt"}},
+    }
+    binding = certified[("ClusterRoleBinding", "projector-metrics-reader")]
+    assert binding["roleRef"]["name"] == "projector-metrics-reader"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}
+    ]
+
+    plain = render(
+        helm_bin, "--set=metrics.serviceMonitor.enabled=true", "--set=metrics.secure=false"
+    )
+    assert "--no-metrics-secure" in container(plain)["args"]
+    assert ("ClusterRole", "projector-metrics-reader") not in plain
+    assert not any(r in plain[("ClusterRole", "projector")]["rules"] for r in reviews)
+    (endpoint,) = plain[("ServiceMonitor", "projector")]["spec"]["endpoints"]
+    assert "scheme" not in endpoint and "tlsConfig" not in endpoint
+
+
 def test_rollouts_are_off_by_default_and_only_enabling_them_grants_access_to_workloads(
     helm_bin: Path,
 ) -> None:
@@ -170,7 +255,7 @@ def test_rollouts_are_off_by_default_and_only_enabling_them_grants_access_to_wor
     assert "--rollouts" not in container(off)["args"]
     for (kind, name), doc in off.items():
         for rule in doc.get("rules", []) if kind in ("ClusterRole", "Role") else []:
-            assert "apps" not in rule["apiGroups"], (name, rule)
+            assert "apps" not in rule.get("apiGroups", []), (name, rule)
     on = render(helm_bin, "--set=rollouts.enabled=true")
     assert "--rollouts" in container(on)["args"]
     added = {

@@ -185,13 +185,20 @@ def test_every_panel_and_alert_has_data_exemplars_link_traces_and_a_stall_fires(
     )
     provoked = provoked_rules(chart_rules, tmp_path / "provoked.yaml")
     prom = Prometheus(
-        prometheus_bin, tmp_path / "prom", [f"127.0.0.1:{ctl.port}"], [chart_rules, provoked]
+        prometheus_bin,
+        tmp_path / "prom",
+        [f"127.0.0.1:{ctl.metrics_port}"],
+        [chart_rules, provoked],
+        token=ctl.metrics_token,
     )
     try:
-        # Prometheus scrapes the controller before anything happens, so rates see every change.
+        # Prometheus scrapes the controller before anything happens, so rates see every change:
+        # over HTTPS, with the token of a ServiceAccount bound to the chart's metrics-reader.
         eventually(
             lambda: prom.query('up{job="projector"} == 1'), timeout=30, message="first scrape"
         )
+        (target,) = prom.api("targets")["activeTargets"]
+        assert target["scrapeUrl"].startswith("https://") and ctl.metrics_token
         t0 = time.time()
         # A fan-out with a conflict and a denied namespace, then two source changes.
         src, theirs, denied, full = (make_namespace() for _ in range(4))
@@ -325,13 +332,10 @@ def test_every_panel_and_alert_has_data_exemplars_link_traces_and_a_stall_fires(
         # No Secret value on the OpenMetrics page either, exemplars and all, nor on the text
         # page (scanned here: the fixture cannot once the controller is stopped below).
         canaries.assert_absent("metrics", ctl.get("/metrics")[1])
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{ctl.port}/metrics",
-            headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+        status, page = ctl.get(
+            "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
         )
-        with urllib.request.urlopen(req, timeout=5) as r:
-            page = r.read().decode()
-        assert "# {trace_id=" in page
+        assert status == 200 and "# {trace_id=" in page
         canaries.assert_absent("OpenMetrics page", page)
 
         # The controller stops: its leader series goes stale, and NoLeader fires.
@@ -418,9 +422,10 @@ def test_the_dashboard_pictures_from_a_long_scenario(
     prom = Prometheus(
         prometheus_bin,
         tmp_path / "prom",
-        [f"127.0.0.1:{ctl.port}"],
+        [f"127.0.0.1:{ctl.metrics_port}"],
         [chart_rules],
         interval=SCRAPE,
+        token=ctl.metrics_token,
     )
     events: list[pictures.Event] = []
     rotator: Rotator | None = None

@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,12 +68,11 @@ def _refusing_namespace(core_v1: client.CoreV1Api, namespace: str) -> None:
 
 def _openmetrics(ctl: ControllerProcess) -> str:
     """The /metrics page in OpenMetrics, the exposition that carries exemplars."""
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{ctl.port}/metrics",
-        headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+    status, page = ctl.get(
+        "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
     )
-    with urllib.request.urlopen(req, timeout=5) as r:
-        return str(r.read().decode())
+    assert status == 200, status
+    return page
 
 
 def _exemplars(ctl: ControllerProcess, family: str) -> set[str]:

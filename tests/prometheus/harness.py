@@ -3,7 +3,9 @@
 `binaries()` runs ``tests/prometheus/build.sh`` (a no-op once cached) under its lock and returns
 the directory holding ``prometheus`` and ``promtool``. `Prometheus` runs one server on loopback
 with exemplar storage, scraping given targets and evaluating the project's rules every second
-(or every `interval` seconds); its HTTP API is the only interface used. `StallProxy` forwards
+(or every `interval` seconds); its HTTP API is the only interface used. Given a bearer token, it
+scrapes as the chart's ServiceMonitor does: HTTPS without verifying the controller's
+self-signed certificate, the token read from a file (`bearerTokenFile`). `StallProxy` forwards
 TCP to the API server and, when frozen, stops moving bytes without closing anything: a
 silently stalled watch, as a broken middlebox produces it.
 """
@@ -50,18 +52,30 @@ class Prometheus:
         targets: Sequence[str],
         rule_files: Sequence[Path],
         interval: float = 1.0,
+        token: str | None = None,
     ) -> None:
         self.port = free_port()
         workdir.mkdir(parents=True, exist_ok=True)
+        job: dict[str, Any] = {
+            "job_name": "projector",
+            "static_configs": [{"targets": list(targets)}],
+        }
+        if token is not None:
+            token_file = workdir / "token"
+            token_file.touch(mode=0o600)
+            token_file.write_text(token)
+            job |= {
+                "scheme": "https",
+                "authorization": {"type": "Bearer", "credentials_file": str(token_file)},
+                "tls_config": {"insecure_skip_verify": True},
+            }
         config = {
             "global": {
                 "scrape_interval": f"{interval:g}s",
                 "evaluation_interval": f"{interval:g}s",
             },
             "rule_files": [str(p) for p in rule_files],
-            "scrape_configs": [
-                {"job_name": "projector", "static_configs": [{"targets": list(targets)}]}
-            ],
+            "scrape_configs": [job],
         }
         cfg = workdir / "prometheus.yml"
         cfg.write_text(yaml.safe_dump(config))

@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from projector.api import GRANTS, NAMESPACES, SECRETS
 from projector.controller import Controller
-from projector.endpoints import http_app
+from projector.endpoints import metrics_app
 from projector.logs import configure_logging, log_processors
 from projector.metrics import Metrics
 from projector.status import Result
@@ -164,7 +164,7 @@ def test_logs_are_json_on_a_pipe_and_console_lines_on_a_terminal() -> None:
 
 
 async def _scrape(metrics: Metrics, accept: str | None) -> tuple[str, str]:
-    runner = web.AppRunner(http_app(metrics, alive=lambda: True, ready=lambda: True))
+    runner = web.AppRunner(metrics_app(metrics, access=None))
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
