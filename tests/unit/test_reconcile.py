@@ -1889,6 +1889,7 @@ grant_st = st.tuples(
         )
     ),
 )
+SA_TOKEN_TYPE = "kubernetes.io/service-account-token"
 source_st = st.sampled_from(
     list(
         itertools.product(
@@ -1896,7 +1897,7 @@ source_st = st.sampled_from(
             + [("team-*", "a")] * 4
             + [tuple(sorted(p)) for p in subsets(PATTERNS, 2)],  # export-to
             [S.data, S_OLD.data, {"token": b64("x")}],
-            ["Opaque"] * 3 + ["example.com/x", "kubernetes.io/service-account-token"],
+            ["Opaque", "example.com/x", SA_TOKEN_TYPE],
             # REFUSED is the planner's own reading of an available source, never a snapshot's
             [
                 *(s for s in SourceState if s is not SourceState.REFUSED),
@@ -1982,8 +1983,9 @@ def snapshots(draw: st.DrawFn, *, orphaned: bool = False) -> Snapshot:
         deleting=deleting,
     )
     export_to, data, type_, state, cached, deleted = draw(source_st)
-    if writing:
+    if writing:  # a source that can be projected: a credential of the cluster never is
         export_to, state, cached, deleted = ("*",), SourceState.AVAILABLE, True, False
+        type_ = "Opaque" if type_ == SA_TOKEN_TYPE else type_
     source = make_source(export_to=export_to, data=data, type_=type_)
     rivals = [  # like the store's rivals: other grants with the same target name
         make_grant(
