@@ -44,7 +44,7 @@ def test_copy_created_in_every_target_namespace(
         == k8s.get_grant(g)["metadata"]["uid"]
     )
     assert copy.metadata.annotations["projector.nebari.dev/source"] == f"{src}/hub"
-    assert copy.metadata.annotations["projector.nebari.dev/content-hash"].startswith("sha256:")
+    assert copy.metadata.annotations["projector.nebari.dev/content-hash"].startswith("hmac-sha256:")
     eventually(lambda: ready(k8s, g))
     assert k8s.status(g)["targets"] == {"matched": 2, "projected": 2, "conflicted": 0, "denied": 0}
     assert eventually(lambda: [e for e in k8s.events(g) if e.reason == "Created"])
