@@ -296,7 +296,7 @@ class Api(ABC):
     async def patch(
         self, res: Resource, name: str, body: Obj, *, namespace: str | None = None
     ) -> Obj:
-        """Merge-patch an object (no resourceVersion: last writer wins; for benchmarks)."""
+        """Merge-patch an object (no resourceVersion: last writer wins; an Event's count)."""
         req = Request("PATCH", res, namespace, name, body=body, content_type=MERGE_PATCH)
         return await self.send(req)
 

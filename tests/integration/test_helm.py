@@ -122,7 +122,9 @@ def test_template_default_values_is_restricted_and_highly_available(helm_bin: Pa
     # Least privilege: Events only in `default`, the Lease only by name.
     events = docs[("Role", "projector-events")]
     assert events["metadata"]["namespace"] == "default"
-    assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    assert events["rules"] == [
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}
+    ]
     lease = docs[("Role", "projector")]["rules"]
     assert {"get", "update"} == set(next(r for r in lease if r.get("resourceNames"))["verbs"])
     cluster_rules = docs[("ClusterRole", "projector")]["rules"]
@@ -271,7 +273,7 @@ def test_rollouts_are_off_by_default_and_only_enabling_them_grants_access_to_wor
             "resources": ["deployments", "statefulsets", "daemonsets"],
             "verbs": ["get", "list", "watch", "patch"],
         },
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     ]
     binding = on[("ClusterRoleBinding", "projector-rollouts")]
     assert binding["roleRef"]["name"] == "projector-rollouts"
