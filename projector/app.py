@@ -43,6 +43,7 @@ from projector.kube import Kube
 from projector.leader import Elector
 from projector.logs import configure_logging
 from projector.metrics import Metrics
+from projector.notices import Notices
 from projector.queue import WorkQueue
 from projector.recorder import Recorder
 from projector.rollout import Ref, Rollouts
@@ -115,11 +116,11 @@ class Process:
         self.review_api = review_api
         """The metrics port's TokenReviews and SubjectAccessReviews (None: plain metrics)."""
         fence = elector.valid_for if elector is not None else None
-        self.store = store = Store(kube)
+        self.store = store = Store(kube, cfg.protected, configmaps=cfg.configmaps)
         self.behind = False
         """Some cache was behind the server (a failed list or watch, a relist) since the last
         time every cache was current."""
-        self.informers = [self._informer(c) for c in store.caches]
+        self.informers = [self._informer(c) for c in store.caches if self._serves(c)]
         self.queue: WorkQueue[str] = WorkQueue(
             debounce=cfg.debounce,
             debounce_max=cfg.debounce_max,
@@ -136,6 +137,8 @@ class Process:
             fence=fence,
         )
         recorder = Recorder(writer, cfg.id)
+        self.notices = Notices(recorder)
+        store.watch_sources(self.notices.source_changed)
         self.rollouts: Rollouts | None = None
         if cfg.rollouts:  # off: no workload is even listed
             rollout_queue: WorkQueue[Ref] = WorkQueue(
@@ -165,14 +168,32 @@ class Process:
         access = Access(review_api) if review_api is not None else None
         self.metrics_runner = web.AppRunner(metrics_app(metrics, access=access), access_log=None)
 
+    def _serves(self, cache: Cache[Any, Any]) -> bool:
+        """Whether an informer fills the cache: ConfigMaps' only with --configmaps.
+
+        Without, the cache stays empty, synced and current, and no ConfigMap is ever listed.
+        """
+        if self.cfg.configmaps or cache not in (
+            self.store.config_sources,
+            self.store.config_copies,
+        ):
+            return True
+        cache.synced.set()
+        cache.healthy.set()
+        return False
+
     def _informer(self, cache: Cache[Any, Any]) -> Informer[Any, Any]:
-        cfg = self.cfg
+        cfg, store = self.cfg, self.store
+        # Sources list once the grants are known: a source no grant names is cached without its
+        # data, so listing them first would make every named source a read of its own after.
+        sources = cache in (store.sources, store.config_sources)
         return Informer(
             self.kube,
             cache,
             on_event=self._on_informer_event,
             timeout_seconds=cfg.watch_timeout,
             read_deadline=cfg.informer_stall_after / 2,
+            after=store.grants.synced if sources else None,
         )
 
     @classmethod
@@ -277,6 +298,8 @@ class Process:
             tasks.extend(tg.create_task(i.run(), name=f"informer-{i.name}") for i in self.informers)
             if elector is not None:
                 tasks.append(tg.create_task(elector.run(), name="elector"))
+            leading = elector.leading if elector is not None else None
+            tasks.append(tg.create_task(self.notices.run(leading), name="notices"))
             await asyncio.gather(*(c.synced.wait() for c in self.caches))
             log.info("caches synced", **{c.spec.kind.value: len(c) for c in self.caches})
             settle_heap()

@@ -85,6 +85,13 @@ class Config:
     """Every grant is reconciled again from the caches this often (jittered by +-10%); 0 turns
     it off. It repairs what a missed event or a failed status write left stale; a grant in sync
     writes nothing, so a resync costs CPU, not API writes."""
+    protected_namespaces: tuple[str, ...] = ("kube-system", "kube-public", "kube-node-lease")
+    """Namespaces never written into, whatever a grant targets (the controller's own is always
+    one): a grant aiming there is told so in its status, and a copy it holds there is revoked.
+    The chart's admission policy refuses the same writes (defence in depth)."""
+    configmaps: bool = True
+    """Serve ConfigMap grants. Off: no ConfigMap is listed or watched (the chart then grants no
+    ConfigMap write), and a ConfigMap grant's source reads as unavailable."""
     rollouts: bool = False
     """Roll Deployments, StatefulSets and DaemonSets that name a copy in their
     projector.nebari.dev/rollout-on annotation when its content changes (`projector.rollout`).
@@ -105,6 +112,16 @@ class Config:
     Half of it is each watch's read deadline: a connection silent that long is dropped and the
     watch resumed on a new one, so the alert fires only when reconnecting does not help. Below
     about 2 min, keep --watch-timeout under half of it, so quiet watches end before that."""
+
+    @property
+    def protected(self) -> frozenset[str]:
+        """The namespaces never written into: the configured ones and the controller's own."""
+        return frozenset({*self.protected_namespaces, self.namespace})
+
+
+def names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of names (blanks ignored)."""
+    return tuple(n for n in (part.strip() for part in text.split(",")) if n)
 
 
 def _env(name: str, default: str) -> str:
@@ -137,7 +154,10 @@ class Flag:
 
     def add(self, parser: argparse.ArgumentParser, default: object) -> None:
         """Add it to `parser`, its default read from the environment first."""
-        text = f"{default:g}s" if self.type is seconds else str(default)
+        if isinstance(default, tuple):
+            text = ",".join(default)
+        else:
+            text = f"{default:g}s" if self.type is seconds else str(default)
         value = self.type(_env(self.field.upper(), text))
         parser.add_argument(self.name, type=self.type, default=value, help=self.help)
 
@@ -154,6 +174,7 @@ FLAGS = (
     Flag("--http-host", str),
     Flag("--metrics-port", int),
     Flag("--metrics-cert-dir", str, "directory holding tls.crt and tls.key for the metrics port"),
+    Flag("--protected-namespaces", names, "comma-separated namespaces never written into"),
     Flag("--workers", int),
     Flag("--write-concurrency", int),
     Flag("--debounce", float, "trailing debounce window in seconds"),
@@ -208,6 +229,12 @@ def parser() -> argparse.ArgumentParser:
         default=_env("LEADER_ELECT", "true").lower() in ("1", "true", "yes"),
     )
     p.add_argument(
+        "--configmaps",
+        action=argparse.BooleanOptionalAction,
+        default=_env("CONFIGMAPS", "true").lower() in ("1", "true", "yes"),
+        help="serve ConfigMap grants: watch exported and projected ConfigMaps (default on)",
+    )
+    p.add_argument(
         "--rollouts",
         action=argparse.BooleanOptionalAction,
         default=_env("ROLLOUTS", "false").lower() in ("1", "true", "yes"),
@@ -253,6 +280,7 @@ def parse(argv: Sequence[str] | None = None) -> Config:
     return Config(
         kubeconfig=a.kubeconfig,
         leader_elect=a.leader_elect,
+        configmaps=a.configmaps,
         rollouts=a.rollouts,
         metrics_secure=a.metrics_secure,
         id=a.id,

@@ -27,7 +27,7 @@ async def snapshot(store: Store, name: str, api: Api | None = None) -> Snapshot:
     """
     record = store.grants.get(name)
     grant = record.grant if record is not None else None
-    if grant is None:
+    if grant is None or not store.serves(grant.kind):
         return store.snapshot(name)
     if store.needs_content(grant.source):  # cached without its data: no grant named it
         return store.snapshot(name, uncached=await fill(store, api or store.api, grant.source))

@@ -209,7 +209,9 @@ def _source(plan: Plan, keys_missing: int) -> tuple[bool, str, str]:
 
 def _refused(plan: Plan) -> str:
     source = plan.snapshot.source
-    return source.refused if source is not None else "the source is refused"
+    if source is not None:
+        return source.refused
+    return f"{_kind(plan)} grants are not served by this controller (--no-configmaps)"
 
 
 def _kind(plan: Plan) -> str:

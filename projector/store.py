@@ -76,10 +76,14 @@ Place = tuple[SourceKind, str]
 class Store:
     """The caches of grants, contract Secrets, namespaces and copies, and their indexes."""
 
-    def __init__(self, api: Api, protected: AbstractSet[str] = frozenset()) -> None:
+    def __init__(
+        self, api: Api, protected: AbstractSet[str] = frozenset(), *, configmaps: bool = True
+    ) -> None:
         self.api = api
         self.protected = protected
         """Namespaces never written into (`Config.protected`), handed to every snapshot."""
+        self.configmaps = configmaps
+        """ConfigMap grants are served (`Config.configmaps`); if not, their source is refused."""
         """What `load` lists from (and `probe.snapshot` reads an uncached source from)."""
         self._echo: Echo = _never
         self._listener: Listener | None = None
@@ -224,6 +228,8 @@ class Store:
             source = None
         if grant is None:
             state = SourceState.UNKNOWN
+        elif not self.serves(grant.kind):
+            state = SourceState.REFUSED  # its caches are never filled: nothing is known there
         else:
             state = SourceState.AVAILABLE if source is not None else uncached
         keys = set(self._copies_by_label.get(name, ()))
@@ -251,6 +257,10 @@ class Store:
             record=record,
             protected=self.protected,
         )
+
+    def serves(self, kind: SourceKind) -> bool:
+        """Whether grants of this kind are served (ConfigMaps only with --configmaps)."""
+        return self.configmaps or kind is SourceKind.SECRET
 
     def source(self, key: ObjectKey) -> Source | None:
         """The cached contract Secret or ConfigMap under `key` (its kind says which cache)."""

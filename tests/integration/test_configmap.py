@@ -13,6 +13,7 @@ import base64
 import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -295,3 +296,28 @@ def test_unrelated_configmaps_cost_nothing(
     print(f"\nConfigMap memory: {figures}")
     assert after_unrelated == before_events, "an unrelated ConfigMap reached an informer"
     assert rss1 - rss0 < 8, figures
+
+
+def test_without_configmaps_no_configmap_is_listed_and_their_grants_are_refused(
+    k8s: Cluster, make_namespace: NamespaceFactory, start_controller: Any
+) -> None:
+    """--no-configmaps (chart configMaps.enabled=false): Secret grants as ever, no ConfigMap
+    listed or written, and a ConfigMap grant says why it is not served (no retry loop)."""
+    cp: ControllerProcess = start_controller("--no-configmaps")
+    src, dst = make_namespace(), make_namespace()
+    k8s.source(src, "hub", {"token": "CM-canary-off"}, export_to=dst)
+    k8s.config_source(src, "hub", DATA, export_to=dst)
+    secret_grant = k8s.grant((src, "hub"), namespaces=[dst])
+    config_grant = k8s.grant((src, "hub"), namespaces=[dst], kind=CM)
+    eventually(lambda: k8s.copy_data(dst, "hub") == {"token": "CM-canary-off"})
+    cond = eventually(functools.partial(k8s.condition, config_grant, "SourceAvailable"))
+    assert (cond["status"], cond["reason"]) == ("False", "SourceRefused"), cond
+    assert "--no-configmaps" in cond["message"]
+    assert k8s.config_copy(dst, "hub") is None
+    assert int(k8s.status(secret_grant)["targets"]["projected"]) == 1
+    listed = sum(
+        cp.metric("projector_informer_events_total", kind=kind)
+        for kind in ("configmap-sources", "configmap-copies")
+    )
+    assert listed == 0
+    assert cp.reconciled(config_grant, "error") == 0
