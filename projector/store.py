@@ -80,11 +80,11 @@ class Store:
         self, api: Api, protected: AbstractSet[str] = frozenset(), *, configmaps: bool = True
     ) -> None:
         self.api = api
+        """What `load` lists from (and `probe.snapshot` reads an uncached source from)."""
         self.protected = protected
         """Namespaces never written into (`Config.protected`), handed to every snapshot."""
         self.configmaps = configmaps
         """ConfigMap grants are served (`Config.configmaps`); if not, their source is refused."""
-        """What `load` lists from (and `probe.snapshot` reads an uncached source from)."""
         self._echo: Echo = _never
         self._listener: Listener | None = None
         self._copy_watchers: list[Callable[[Copy | None, Copy | None], None]] = []
