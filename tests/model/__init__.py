@@ -1,0 +1,1 @@
+"""Model-based testing: an independent oracle of DESIGN §3 and the random operations it judges."""
