@@ -316,7 +316,8 @@ METRICS = (
         "projector_rollouts_total",
         "counter",
         "Rollouts started on consumer workloads (--rollouts), by the grant of the copy whose "
-        "content changed and the workload's namespace.",
+        "content changed (the cached grant that owns it, never the copy's label; empty if none) "
+        "and the workload's namespace.",
         ("grant", "namespace"),
     ),
     Metric(
