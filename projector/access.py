@@ -9,7 +9,8 @@ chart's ClusterRole `<release>-metrics-reader` allows it; bind a scraper's Servi
     401  no bearer token, or one the API server does not authenticate
     403  authenticated, not allowed
     429  too many other tokens are being reviewed right now (Retry-After: 1)
-    503  the API server did not answer the review (nothing remembered; the next scrape asks again)
+    503  the API server did not answer the review (nothing remembered; the next scrape asks
+         again), unless the token was allowed within `grace` (15 min): it still is
 
 Anyone who reaches the port can send tokens, so what they cost is bounded. A verdict (200, 401
 or 403) is remembered for `ttl` seconds (60) under the token's SHA-256, never the token itself,
@@ -73,6 +74,7 @@ class Access:
         ttl: float = 60.0,
         size: int = 1024,
         pending: int = 8,
+        grace: float = 900.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api = api
@@ -80,6 +82,7 @@ class Access:
         self._ttl = ttl
         self._size = size
         self._max_pending = pending
+        self._grace = grace
         self._clock = clock
         self._verdicts: OrderedDict[bytes, tuple[float, Verdict]] = OrderedDict()
         """By the token's SHA-256: (monotonic expiry, verdict), least recently used first."""
@@ -95,10 +98,9 @@ class Access:
         remembered = self._verdicts.get(key)
         if remembered is not None:
             expires, verdict = remembered
+            self._verdicts.move_to_end(key)
             if self._clock() < expires:
-                self._verdicts.move_to_end(key)
                 return verdict
-            del self._verdicts[key]
         task = self._pending.get(key)
         if task is None:
             if len(self._pending) >= self._max_pending:
@@ -120,7 +122,7 @@ class Access:
                 reason=reason,
                 path=self._path,
             )
-            return UNAVAILABLE
+            return self._stale(key)
         finally:
             del self._pending[key]
         self._verdicts[key] = (self._clock() + self._ttl, verdict)
@@ -129,6 +131,20 @@ class Access:
         if not verdict.allowed:
             log.debug("metrics request refused", status=verdict.status, user=verdict.user)
         return verdict
+
+    def _stale(self, key: bytes) -> Verdict:
+        """While the API server cannot review, a token allowed within `grace` stays allowed.
+
+        A control-plane outage is when an operator most needs the metrics: the scraper that was
+        allowed a minute ago keeps its access until the server answers again (at most `grace`
+        after its verdict expired); any other token gets 503.
+        """
+        remembered = self._verdicts.get(key)
+        if remembered is not None:
+            expires, verdict = remembered
+            if verdict.allowed and self._clock() < expires + self._grace:
+                return verdict
+        return UNAVAILABLE
 
     async def _ask(self, token: str) -> Verdict:
         """A TokenReview, then (if it authenticates) a SubjectAccessReview of its user."""

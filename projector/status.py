@@ -27,11 +27,12 @@ FAILURE_ORDER = (
     Reason.GRANT_CONFLICT,
     Reason.KEY_MISSING,
     Reason.NAMESPACE_MISSING,
+    Reason.PROTECTED_NAMESPACE,
     Reason.SOURCE_NAMESPACE,
 )
 """Which failures status.failures lists first when there are more than it keeps: a write the
 server refuses, then an object in the way, then a grant's own mistakes (a key, a namespace);
-any other failure reason after these."""
+every failure reason is named here (a unit test checks it)."""
 _SEVERITY = {reason: i for i, reason in enumerate(FAILURE_ORDER)}
 _LAST = len(FAILURE_ORDER)
 FAILURES_OMITTED = "failuresOmitted"

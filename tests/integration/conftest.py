@@ -64,10 +64,12 @@ def start_controller(
         leader_elect: bool = False,
         kubeconfig: Path | None = None,
         env: Mapping[str, str] | None = None,
+        scraper: str | None = None,
     ) -> ControllerProcess:
         """`kubeconfig`: another identity than the session's shipped-RBAC ServiceAccount (e.g.
         one whose RBAC or API priority a test changes), never admin. `env`: added to the
-        process's environment (OTEL_* of a test's collector)."""
+        process's environment (OTEL_* of a test's collector). `scraper`: the metrics token of
+        another control plane's scraper (`support.scraper_token`), for a controller run there."""
         log = tmp_path / f"controller-{len(procs)}.log"
         cp = launch(
             kubeconfig or projector_kubeconfig,
@@ -78,11 +80,14 @@ def start_controller(
             *extra,
             leader_elect=leader_elect,
             env=env,
-            metrics_token=metrics_token,
+            metrics_token=scraper or metrics_token,
         )
         procs.append(cp)
         if wait_ready:
             eventually(cp.ready, timeout=30, message="controller /readyz")
+            # A first scrape, as Prometheus's would be: the scraper's token is then known, and
+            # stays allowed while a fault test keeps the API server from reviewing it.
+            eventually(lambda: cp.get("/metrics")[0] == 200, message="a first scrape")
         return cp
 
     yield start

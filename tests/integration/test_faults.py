@@ -339,7 +339,7 @@ def test_watch_expired_after_etcd_compaction_relists_and_deletes_nothing(
             src, a, b = namespace(), namespace(pack="gone"), namespace(pack="gone")
             k8s.source(src, "hub", {"token": "gone-canary-1"}, export_to="*")
             grant = k8s.grant((src, "hub"), selector={"matchLabels": {"pack": "gone"}})
-            ctl = start_controller(f"--kubeconfig={relayed}")
+            ctl = start_controller(f"--kubeconfig={relayed}", scraper=support.scraper_token(api))
             eventually(all_hold(core, grant, "gone-canary-1", n=2), timeout=60)
             before = {ns: uid for ns, (uid, _) in copies(core, grant).items()}
             started = datetime.now(UTC)

@@ -215,3 +215,20 @@ def test_metrics_flags_default_to_a_secure_port_of_its_own(monkeypatch: pytest.M
     assert not config.parse([]).metrics_secure
     with pytest.raises(SystemExit):
         config.parse(["--metrics-port=8080"])
+
+
+async def test_an_allowed_scraper_keeps_its_access_while_the_api_server_cannot_review() -> None:
+    """A control-plane outage is when the metrics matter most: within the grace (15 min after
+    the verdict expired) an allowed token stays allowed; a refused or unknown one gets 503."""
+    gate, api, clock = make({"t": READER, "x": "someone"}, {READER})
+    assert (await gate.check("Bearer t")).status == 200
+    assert (await gate.check("Bearer x")).status == 403
+    api.error = ServerError(0, "ConnectionRefused")
+    clock.now = 61.0  # both verdicts expired; the server does not answer
+    assert (await gate.check("Bearer t")).status == 200
+    assert (await gate.check("Bearer x")).status == 503
+    assert (await gate.check("Bearer new")).status == 503
+    clock.now = 60.0 + 900.0 + 1  # past the grace: 503 for everyone
+    assert (await gate.check("Bearer t")).status == 503
+    api.error = None
+    assert (await gate.check("Bearer t")).status == 200  # the server answers again
