@@ -264,7 +264,7 @@ class Controller:
                 if not await self._report(rec, invalid, status.events((), rec.status, invalid)):
                     return status.Verdict(Result.ERROR)
                 return status.Verdict(Result.OK)
-            plan = reconcile.plan(snap, key)
+            plan = self.conflicts.foresee(reconcile.plan(snap, key))  # no create refused twice
             self._want(name, plan.desired)
             outcomes = await self.writer.execute(plan)
             self.conflicts.record(name, plan, outcomes)

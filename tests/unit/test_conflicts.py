@@ -12,12 +12,27 @@ import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 
 from projector.api import CONFIGMAPS, SECRETS, Api, Obj, Request
-from projector.conflicts import LIST_METADATA, WATCH_METADATA, ConflictWatches, blocked
-from projector.model import SourceKind
-from projector.plans import Action, Outcome, Plan, Reason, SourceState, Step
+from projector.conflicts import (
+    LIST_METADATA,
+    WATCH_METADATA,
+    ConflictWatches,
+    blocked,
+    foreseen,
+)
+from projector.model import SourceKind, parse_copy
+from projector.names import FIELD_MANAGER
+from projector.plans import Action, Outcome, Plan, Reason, SourceState, Step, conflict_message
 from projector.reconcile import plan as make_plan
 from projector.status import Result, verdict
-from tests.unit.factories import foreign_secret, make_grant, make_snapshot, make_source, namespaces
+from tests.unit.factories import (
+    claim,
+    foreign_secret,
+    make_grant,
+    make_snapshot,
+    make_source,
+    namespaces,
+    stored_secret,
+)
 from tests.unit.fakeapi import FakeApi
 from tests.unit.test_controller import controller, world
 
@@ -76,9 +91,13 @@ class Scripted(Api):
 def conflicted(*namespaces: str, name: str = "hub", planned: bool = False) -> list[Outcome]:
     """Outcomes of a reconcile that met a Conflict in each namespace: at its create (the
     blocking object uncached), or, `planned`, decided by the plan on a cached object."""
-    action = Action.NOOP if planned else Action.CREATE
     return [
-        Outcome(Step(ns, action, Reason.PROJECTED, None, name), Reason.CONFLICT)
+        Outcome(
+            Step(ns, Action.NOOP, Reason.CONFLICT, foreign_secret(ns, name), name)
+            if planned
+            else Step(ns, Action.CREATE, Reason.PROJECTED, None, name),
+            Reason.CONFLICT,
+        )
         for ns in namespaces
     ]
 
@@ -124,6 +143,28 @@ def test_a_plan_with_an_unowned_secret_in_the_cache_decides_the_conflict_itself(
     outcomes = [Outcome(step, step.reason)]
     assert blocked(p, outcomes) is None
     assert verdict(p, outcomes).result is Result.RECHECK
+
+
+def test_a_create_a_watch_sees_refused_is_a_conflict_unsent_and_anything_else_is_left() -> None:
+    """Where the watch sees an object without this grant's uid, the create would be refused:
+    a NoOp Conflict (with the writer's message), counted as uncached. An unlabelled object
+    with the grant's own uid is the writer's to take back; a free place is created."""
+    g = make_grant(namespaces=("a", "b", "c"))
+    snap = make_snapshot(g, make_source(), namespaces=namespaces("a", "b", "c"))
+    p = make_plan(snap)
+    assert {s.namespace: s.action for s in p.steps} == dict.fromkeys("abc", Action.CREATE)
+    theirs = foreign_secret("a")
+    _, notes = claim(None, g.uid)  # its uid, written by projector; its labels stripped
+    marked = stored_secret("b", "hub", annotations=notes, managers={FIELD_MANAGER: notes})
+    present = {"a": theirs, "b": parse_copy(marked)}
+    seen = foreseen(p, lambda ns: present.get(ns))
+    by_ns = {s.namespace: s for s in seen.steps}
+    assert (by_ns["a"].action, by_ns["a"].reason) == (Action.NOOP, Reason.CONFLICT)
+    assert by_ns["a"].message == conflict_message(SourceKind.SECRET)
+    assert by_ns["b"] == p.steps[1] and by_ns["c"] == p.steps[2]
+    assert foreseen(p, lambda ns: None) is p  # nothing seen: the very plan
+    outcomes = [Outcome(s, s.reason) for s in seen.steps if s.action is Action.NOOP]
+    assert blocked(seen, outcomes) == (HUB, frozenset({"a"}))
 
 
 # --- the watch ----------------------------------------------------------------------------------
@@ -262,3 +303,19 @@ async def test_the_controller_records_a_conflict_met_at_create_and_forgets_it_cl
     del api.objects["secrets", "a", "s"]  # its owner deletes it
     assert await ctl.reconcile("g") is Result.OK
     assert ctl.conflicts.recheck_after("g") == ctl.config.conflict_recheck  # nothing recorded
+
+
+async def test_only_a_current_watch_spares_the_creates() -> None:
+    api = Scripted(present=["a"])
+    watches = ConflictWatches(api, lambda names: None)
+    g = make_grant(namespaces=("a", "b"))
+    p = make_plan(make_snapshot(g, make_source(), namespaces=namespaces("a", "b")))
+    assert watches.foresee(p) is p  # no watch yet: the writer finds out
+    watches.record("g", plan_of(), conflicted("a"))
+    async with running(watches):
+        await api.settled()
+        spared = {s.namespace: s.action for s in watches.foresee(p).steps}
+        assert spared == {"a": Action.NOOP, "b": Action.CREATE}
+        (watch,) = watches._watches.values()
+        watch.cache.healthy.clear()  # behind the server: what it sees may be stale
+        assert watches.foresee(p) is p
