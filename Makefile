@@ -10,7 +10,7 @@ PY := .venv/bin/python
 export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := python3.11
 
-.PHONY: help install binaries helm prometheus otelcol manifests docs image generate observability-docs traces-docs reliability-docs test compat unit integration harness lint fmt demo bench bench-quick clean
+.PHONY: help install binaries helm prometheus otelcol manifests docs image generate observability-docs traces-docs reliability-docs test fuzz compat unit integration harness lint fmt demo bench bench-quick clean
 
 help: ## list the commands
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -112,6 +112,21 @@ unit: install ## pure tests only, no server
 
 integration: install binaries helm prometheus otelcol ## the product's tests against the local control plane
 	$(PY) -m pytest tests/integration
+
+# Model-based testing for a long budget (tests/integration/test_model_based.py): fresh seeds
+# (or one SEED=) of OPS random operations each, with the FAULTS of kill,watch,blackhole,apiserver,
+# until DURATION seconds have passed; a failure is shrunk (for up to SHRINK seconds) and printed
+# as a regression case. The summary goes to .local/fuzz/; UPDATE_DOCS=1 renders it into
+# docs/reliability.md. make test runs the same test with fixed seeds and a small budget.
+SEED ?=
+OPS ?= 150
+FAULTS ?= kill,watch,blackhole,apiserver
+DURATION ?= 900
+SHRINK ?= 900
+fuzz: install binaries ## random operations and faults against the real API server, judged by an oracle of DESIGN §3 (SEED= OPS= FAULTS= DURATION=)
+	PROJECTOR_FUZZ=1 SEED=$(SEED) OPS=$(OPS) FAULTS=$(FAULTS) DURATION=$(DURATION) SHRINK=$(SHRINK) \
+	  $(PY) -m pytest -q tests/integration/test_model_based.py::test_fuzz
+	$(if $(UPDATE_DOCS),$(PY) -m tests.model.report $$(ls -t .local/fuzz/fuzz-*.json | head -1))
 
 harness: install binaries ## tests of the control plane, demo and benchmark harness
 	$(PY) -m pytest tests/harness

@@ -126,8 +126,14 @@ def render(records: Sequence[Record]) -> str:
     return "\n".join(lines) + "\n"
 
 
+MODEL_SECTION = "<!-- model-based testing:"
+"""Where `make fuzz`'s section of the page begins (tests/model/report.py): kept as it is."""
+
+
 def write_doc(records: Sequence[Record], doc: Path = DOC) -> None:
-    doc.write_text(render(records))
+    page = doc.read_text() if doc.exists() else ""
+    kept = page[page.index(MODEL_SECTION) :] if MODEL_SECTION in page else ""
+    doc.write_text(render(records) + ("\n" + kept if kept else ""))
 
 
 def _label(key: str) -> str:
