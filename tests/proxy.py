@@ -49,6 +49,8 @@ class Relay:
         while True:
             try:
                 down, _ = listener.accept()
+            except ConnectionAbortedError:
+                continue  # a client reset before it was accepted: the listener itself is fine
             except OSError:
                 return
             try:

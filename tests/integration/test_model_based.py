@@ -273,7 +273,9 @@ def test_fuzz(model_env: Environment) -> None:
         try:
             one_run(model_env, stats, gen=Generator(seed, faults), count=ops)
         except Violation as v:
-            print(f"seed {seed}: broke after {len(v.executed)} operations: {v.invariant}")
+            print(f"seed {seed}: broke after {len(v.executed)} operations", flush=True)
+            print(failure_report(seed, v), flush=True)
+            save(stats, seeds, faults, ops, failed=(seed, v, v.executed))
             shrunk = shrink(model_env, v, budget)
             save(stats, seeds, faults, ops, failed=(seed, v, shrunk))
             raise AssertionError(failure_report(seed, v, shrunk)) from None
@@ -296,6 +298,8 @@ def shrink(env: Environment, violation: Violation, budget: float) -> list[Op]:
             one_run(env, Stats(), ops=candidate)
         except Violation as v:
             return v.invariant == violation.invariant
+        except Exception as e:  # the candidate broke the harness, not the invariant
+            print(f"a candidate of {len(candidate)} operations failed otherwise: {e!r}")
         return False
 
     chunk = max(1, len(current) // 2)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import base64
 import functools
 import signal
+import socket
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -548,6 +549,11 @@ class Driver:
         raise TypeError(f"unknown operation {op!r}")
 
     def start(self) -> None:
+        if not self.cut:
+            try:  # the relay accepts (a controller that cannot connect is never ready)
+                socket.create_connection(("127.0.0.1", self.env.relay.port), timeout=5).close()
+            except OSError as e:
+                raise AssertionError(f"the relay to the API server accepts nothing: {e!r}") from e
         self.ctl = self.env.start_controller(
             f"--kubeconfig={self.env.kubeconfig}",
             f"--protected-namespaces={self.real('pr')}",

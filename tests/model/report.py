@@ -28,6 +28,22 @@ END = "<!-- model-based testing: end -->"
 DEFECTS: list[tuple[str, str, str]] = []
 """(what broke, the fix, the regression case in tests/integration/test_model_based.py)."""
 
+FINDINGS = [
+    "the first comparison of the planner with the oracle (tests/unit/test_oracle.py) disagreed "
+    "twice, and both times the oracle's first reading was the one to change: a grant re-created "
+    "under its name takes its predecessor's copy over where it aims (even one recorded "
+    "onRevoke Delete, kept while the new grant lacks a key), which DESIGN §2-3 neither allow "
+    "nor forbid (now the ambiguity AMBIGUOUS_ADOPTION); and a younger grant whose source "
+    "became a refused type gives its copy up by onRevoke even where an older grant aims but "
+    "writes nothing",
+    "DESIGN §3 is ambiguous in four places the oracle names and accepts every reading of "
+    "(tests/model/oracle.py): adoption by a re-created grant; whether an older grant with a "
+    "refused source still blocks a younger one; the policy a copy follows when its grant's "
+    "onRevoke changed before the copy recorded it; onSourceDeleted or onRevoke for a copy "
+    "whose source is deleted where it is no longer targeted",
+]
+"""What the model-based tests taught besides defects (kept by hand)."""
+
 
 def summary(stats: Stats, seeds: Sequence[int], faults: Sequence[str], ops: int) -> dict[str, Any]:
     fault_names = {op.__name__ for op in FAULT_OPS}
@@ -120,6 +136,7 @@ def render(docs: Sequence[dict[str, Any]]) -> str:
         )
         + ".",
     ]
+    lines += ["", "Findings:", ""] + [f"- {f}." for f in FINDINGS]
     if failures:
         lines += ["", "Open failures of these sessions:", ""]
         lines += [f"- seed {f['seed']}: {f['violation'].splitlines()[0]}" for f in failures]
