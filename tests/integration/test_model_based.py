@@ -108,6 +108,29 @@ REGRESSIONS: dict[str, list[Op]] = {
         Start(),
         Converge(),
     ],
+    # Found by make fuzz (seed 425379408, shrunk from 24 operations): the source's namespace
+    # is deleted, and until the namespace controller has deleted the source, the source is
+    # still there and exported: the grant, retargeted meanwhile, may project it (the oracle
+    # first took it for deleted at once).
+    "a-source-in-a-terminating-namespace-is-still-a-source": [
+        SourceCreate(ns="pr", name="s1", data=(("x", "v6"),), export_to=("*",)),
+        GrantCreate(
+            grant="g1",
+            source=("pr", "s1"),
+            namespaces=("n1", "n2"),
+            on_revoke="Retain",
+            on_source_deleted="Retain",
+        ),
+        NsDelete(ns="pr"),
+        GrantUpdate(
+            grant="g1",
+            source=("pr", "s1"),
+            namespaces=("n1", "n2"),
+            target="c0",
+            on_revoke="Retain",
+            on_source_deleted="Retain",
+        ),
+    ],
     # Two grants for one copy: the older wins wherever both aim, even while it has nothing to
     # write (a key missing: the younger stays out); the younger serves the rest, and takes
     # over where the older stops aiming.

@@ -192,6 +192,8 @@ class Driver:
         """Namespaces that exist and are not terminating, with their pack label."""
         self.terminating: set[str] = set()
         self.sources: dict[Key, SourceRec] = {}
+        self.dying: dict[Key, SourceRec] = {}
+        """Sources of terminating namespaces, until the namespace is gone."""
         self.grants: dict[str, GrantRec] = {}
         self.squatters: dict[Key, tuple[str, str]] = {}
         self.bystanders: dict[Key, tuple[str, str]] = {}
@@ -244,7 +246,7 @@ class Driver:
         namespaces |= {n: oracle.Namespace(n, terminating=True) for n in self.terminating}
         sources = {
             k: oracle.Source(*k, r.data, r.type, r.label, self.export_to(r.export_to, real=False))
-            for k, r in self.sources.items()
+            for k, r in (self.sources | self.dying).items()
         }
         grants = {
             name: oracle.Grant(
@@ -272,6 +274,7 @@ class Driver:
             squatters=frozenset(self.squatters),
             others=others,
             protected=frozenset({"pr"}),
+            dying=frozenset(self.dying),
         )
 
     def view(self) -> View:
@@ -391,12 +394,13 @@ class Driver:
         del self.ns[op.ns]
         self.terminating.add(op.ns)
         self._forget_namespace(op.ns)
-        before = self.world()
-        # The namespace controller deletes what is in it, in its own time.
+        # The namespace controller deletes what is in it, in its own time: until the namespace
+        # is gone, its sources may still be projected (`oracle.World.dying`).
+        self.dying |= {k: r for k, r in self.sources.items() if k[0] == op.ns}
         self.sources = {k: r for k, r in self.sources.items() if k[0] != op.ns}
         self.squatters = {k: r for k, r in self.squatters.items() if k[0] != op.ns}
         self.bystanders = {k: r for k, r in self.bystanders.items() if k[0] != op.ns}
-        return [before, self.world()]
+        return [self.world()]
 
     def _source_create(self, op: SourceCreate) -> list[oracle.World] | None:
         key = (op.ns, op.name)
@@ -630,7 +634,11 @@ class Driver:
     @staticmethod
     def _must_stay(world: oracle.World, place: Key, uid: str, type_: str | None = None) -> bool:
         """S4: the copy's grant wins the place and serves it with a copy of this type (or
-        keeps it: a key missing)."""
+        keeps it: a key missing), whatever the world's uncertain keys turn out to be."""
+        return all(Driver._must_stay_in(w, place, uid, type_) for w in oracle.resolutions(world))
+
+    @staticmethod
+    def _must_stay_in(world: oracle.World, place: Key, uid: str, type_: str | None) -> bool:
         aiming = oracle.claimants(world, place)
         if not aiming or aiming[0].uid != uid:
             return False
@@ -652,8 +660,7 @@ class Driver:
         self.stats.observations += 1
         for n in list(self.terminating):
             if self._gone(n):
-                self.terminating.discard(n)
-                self.advance([self.world()])
+                self._gone_for_good(n)
         copies: dict[Key, Seen] = {}
         found: set[Key] = set()
         for n in [*self.ns, *self.terminating]:
@@ -876,7 +883,11 @@ class Driver:
             timeout=120,
             message=f"namespace {ns} never went away",
         )
+        self._gone_for_good(ns)
+
+    def _gone_for_good(self, ns: str) -> None:
         self.terminating.discard(ns)
+        self.dying = {k: r for k, r in self.dying.items() if k[0] != ns}
         self.advance([self.world()])
 
     def _source_body(

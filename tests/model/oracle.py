@@ -176,6 +176,9 @@ class World:
     """Where a Secret that is not a source stands (True), or may stand (None): a copy at a key
     that some grant names as its source makes that source "not exported", not "deleted"."""
     protected: frozenset[str] = frozenset()
+    dying: frozenset[Key] = frozenset()
+    """Sources in a terminating namespace: its controller deletes them at a moment nobody
+    knows, so each is, until the namespace is gone, there or not."""
 
     def occupied(self, place: Key) -> bool:
         """A Secret that is not a copy stands there: no copy can."""
@@ -433,24 +436,28 @@ def consented(world: World) -> Iterator[tuple[Key, Visible]]:
 
 
 def resolutions(world: World) -> Iterator[World]:
-    """The world under each reading of its uncertain keys: a source key where a Secret that is
-    not a source may stand is, in one reading, a Secret without the export label, and in the
-    other, nothing (a deleted source)."""
-    if not world.others:
+    """The world under each reading of its uncertain keys (those some grant names).
+
+    A source key where a Secret that is not a source may stand is, in one reading, a Secret
+    without the export label, and in the other, nothing (a deleted source). A dying source (its
+    namespace terminating) is, in one reading, still there, and in the other, deleted.
+    """
+    if not world.others and not world.dying:
         yield world
         return
-    named = {g.source for g in world.grants.values()} - set(world.sources)
-    maybe = [k for k in sorted(named) if k in world.others]
+    named = {g.source for g in world.grants.values()}
+    maybe = [k for k in sorted(named - set(world.sources)) if k in world.others]
     certain = {k: Source(*k, export_label=None) for k in maybe if world.others[k]}
     uncertain = [k for k in maybe if world.others[k] is None]
-    if not certain and not uncertain:
-        yield world
-        return
+    dying = [k for k in sorted(named & set(world.sources)) if k in world.dying]
     for present in itertools.product((False, True), repeat=len(uncertain)):
-        extra = dict(certain)
+        sources = {**world.sources, **certain}
         chosen = [k for k, p in zip(uncertain, present, strict=True) if p]
-        extra.update((k, Source(*k, export_label=None)) for k in chosen)
-        yield replace(world, sources={**world.sources, **extra}, others={})
+        sources.update((k, Source(*k, export_label=None)) for k in chosen)
+        for gone in itertools.product((False, True), repeat=len(dying)):
+            deleted = {k for k, g in zip(dying, gone, strict=True) if g}
+            left = {k: v for k, v in sources.items() if k not in deleted}
+            yield replace(world, sources=left, others={}, dying=frozenset())
 
 
 def expected(world: World, place: Key, states: Iterable[State]) -> str:

@@ -588,6 +588,9 @@ def test_the_oracle_reads_the_design_right_on_plain_rows() -> None:
     assert only is not None and only.type == "Opaque" and only.data == (("t", "v"),)
     (whole,) = oracle.settle(typed, ("q", "s"), {ABSENT})
     assert whole is not None and whole.type == OTHER_TYPE
+    # a source whose namespace is terminating: there until its namespace controller deletes it
+    dying = replace(w, dying=frozenset({src.key}))
+    assert oracle.settle(dying, ("q", "s"), {ABSENT}) == {ABSENT, copy}
     # two grants aiming at one copy: the older wins
     young = Grant("a-young", "u2", T1, ("p", "s"), ("q",))
     both = replace(w, grants={"g": g, "a-young": young})
