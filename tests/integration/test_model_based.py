@@ -131,6 +131,22 @@ REGRESSIONS: dict[str, list[Op]] = {
             on_source_deleted="Retain",
         ),
     ],
+    # Found by make fuzz (seed 226532831, 15 operations): a source's type changes (deleted and
+    # created again), so its copy is replaced, deleted then created: an observation between the
+    # two sees no copy, which the oracle first did not allow.
+    "a-retyped-source-replaces-its-copy": [
+        SourceCreate(ns="pr", name="s0", data=(("k", "v6"), ("x", "v7")), type="example.com/a"),
+        GrantCreate(
+            grant="g2",
+            source=("pr", "s0"),
+            namespaces=("n1",),
+            on_revoke="Retain",
+            on_source_deleted="Retain",
+        ),
+        Converge(),
+        SourceRetype(ns="pr", name="s0", type="Opaque"),
+        Converge(),
+    ],
     # Two grants for one copy: the older wins wherever both aim, even while it has nothing to
     # write (a key missing: the younger stays out); the younger serves the rest, and takes
     # over where the older stops aiming.

@@ -320,6 +320,8 @@ def _successors(world: World, place: Key, state: State, notes: set[str]) -> set[
     out: set[State] = set()
     for winner in winners or [None]:
         out |= _step(world, place, state, winner, aiming, notes)
+    if state is not None and any(s is not None and s.type != state.type for s in out):
+        out.add(ABSENT)  # "source type changes: copy replaced (delete + create)": absent between
     return out
 
 
