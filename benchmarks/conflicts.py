@@ -46,7 +46,6 @@ from benchmarks.harness import (
     secret,
 )
 from projector.api import GRANTS, SECRETS, Api, Obj, Request
-from projector.config import Config
 from projector.conflicts import ConflictWatches
 from projector.kube import Kube
 from projector.model import SourceKind
@@ -222,8 +221,7 @@ async def run(
 ) -> dict[str, Any]:
     kube = await Kube.connect(str(kubeconfig), qps=0)
     try:
-        # The controller's own namespace: it keeps its hash key there (`projector.hashkey`).
-        await namespaces(kube, [SRC, Config().namespace], {})
+        await namespaces(kube, [SRC], {})
         async with (
             controller(kubeconfig, work / "controller.log", "--log-level=info") as c,
             Watcher(kube, MANAGED, "token") as watcher,

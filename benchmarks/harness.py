@@ -21,8 +21,11 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client, config
+
 from benchmarks.floor import Observer
 from projector.api import GRANTS, NAMESPACES, SECRETS, Obj
+from projector.config import Config
 from projector.errors import Conflict
 from projector.kube import Kube
 from tests.controlplane.plane import ControlPlane, ensure_binaries
@@ -63,6 +66,18 @@ async def gather_limited(coros: Iterable[Any], limit: int = 32) -> list[Any]:
             return await c
 
     return await asyncio.gather(*(one(c) for c in coros))
+
+
+def own_namespace(kubeconfig: Path) -> None:
+    """Make the controller's own namespace (as the admin of `kubeconfig`) before it starts: it
+    keeps its hash key there (`projector.hashkey`) and reconciles nothing until it has read it."""
+    with config.new_client_from_config(str(kubeconfig)) as api:
+        body = client.V1Namespace(metadata=client.V1ObjectMeta(name=Config().namespace))
+        try:
+            client.CoreV1Api(api).create_namespace(body)
+        except client.ApiException as e:
+            if e.status != 409:  # already there is fine
+                raise
 
 
 async def ensure(kube: Kube, res: Any, body: Obj, namespace: str | None = None) -> None:
@@ -265,6 +280,7 @@ async def controller(
     leader_elect: bool = False,
     env: dict[str, str] | None = None,
 ) -> AsyncIterator[ControllerProcess]:
+    own_namespace(kubeconfig)
     c = launch(
         kubeconfig,
         log,

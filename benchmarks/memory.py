@@ -33,6 +33,7 @@ from benchmarks.harness import (
     gather_limited,
     grant,
     namespaces,
+    own_namespace,
     settle,
     sources,
     wait_ready,
@@ -89,6 +90,7 @@ async def _write_world(kubeconfig: Path, work: Path, path: Path, copies: int) ->
 
 
 def _start(kubeconfig: Path, log: Path, path: Path, *extra: str) -> ControllerProcess:
+    own_namespace(kubeconfig)
     return launch(
         kubeconfig,
         log,

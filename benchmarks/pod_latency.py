@@ -32,7 +32,7 @@ from typing import Any
 from kubernetes import client
 
 from benchmarks.common import summary, write_result
-from benchmarks.harness import controller_python
+from benchmarks.harness import controller_python, own_namespace
 from benchmarks.peers import PeerError, PeerUnavailable, Projection
 from tests.controlplane.plane import ControlPlane, ensure_binaries
 from tests.launcher import launch
@@ -178,6 +178,7 @@ def run(count: int, out: Path) -> dict[str, Any]:
         # projector
         namespaces(core, "pl-src", "pl-app")
         source(core, "pl-src", "db", "pl-app")
+        own_namespace(plane.kubeconfig)
         proc = launch(plane.kubeconfig, Path(tmp) / "projector.log", python=controller_python())
         try:
             eventually(proc.ready, 60, message="projector /readyz")

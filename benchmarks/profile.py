@@ -34,6 +34,7 @@ from benchmarks.harness import (
     exported,
     grant,
     namespaces,
+    own_namespace,
     put_value,
     settle,
     wait_ready,
@@ -56,6 +57,7 @@ def start(
     prof = ["-m", "pyinstrument", "-r", "text", "-o", str(profile)] if profile else []
     if code is not None:
         prof = ["-c", RUN_FROM, str(code)]
+    own_namespace(kubeconfig)
     return launch(kubeconfig, log, "--log-level=warning", *flags, prefix=prof)
 
 

@@ -12,11 +12,12 @@ recorded dropped first; an Event the server has expired meanwhile (404) is recor
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from projector.api import GRANTS, Obj
@@ -63,11 +64,17 @@ def event(involved: Obj, namespace: str, ev: Event, *, instance: str, now: str) 
 
 @dataclass(slots=True)
 class _Recorded:
-    """An Event already created: its name, how often it occurred, when last (monotonic)."""
+    """An Event recorded: its name, count, last occurrence (monotonic) and whether it is stored.
+
+    Its create and each count are sent under its lock, one at a time: a repeat never patches
+    an Event still being created, nor sends its count out of order.
+    """
 
     name: str
     count: int
     last: float
+    stored: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 def _key(involved: Obj, namespace: str, ev: Event) -> bytes:
@@ -121,22 +128,22 @@ class Recorder:
 
         Counted on the same Event if it was recorded within the window, else created.
         """
-        key, now, stamp = _key(involved, namespace, ev), self._clock(), timestamp()
+        key, now = _key(involved, namespace, ev), self._clock()
         seen = self._recorded.pop(key, None)
         if seen is not None and now - seen.last <= self._window:
             seen.count += 1
             seen.last = now
             self._recorded[key] = seen  # the most recently recorded, last
-            patch = {"count": seen.count, "lastTimestamp": stamp}
-            if await self._writer.patch_event(seen.name, namespace, patch):
-                return
-            self._recorded.pop(key, None)  # expired by the server: recorded anew
-        body = event(involved, namespace, ev, instance=self._instance, now=stamp)
-        name = str(body["metadata"]["name"])
-        self._recorded[key] = _Recorded(name, 1, now)  # before the create: a repeat meanwhile
-        while len(self._recorded) > self._size:  # counts on it instead of creating a twin
+            async with seen.lock:
+                if seen.stored:
+                    patch = {"count": seen.count, "lastTimestamp": timestamp()}
+                    if await self._writer.patch_event(seen.name, namespace, patch):
+                        return
+            if self._recorded.get(key) is seen:  # not created, or expired by the server:
+                del self._recorded[key]  # recorded anew
+        body = event(involved, namespace, ev, instance=self._instance, now=timestamp())
+        entry = self._recorded[key] = _Recorded(str(body["metadata"]["name"]), 1, now)
+        while len(self._recorded) > self._size:
             del self._recorded[next(iter(self._recorded))]
-        created = await self._writer.create_event(body, namespace)
-        entry = self._recorded.get(key)
-        if not created and entry is not None and entry.name == name:
-            del self._recorded[key]
+        async with entry.lock:  # a repeat meanwhile waits, then counts on it
+            entry.stored = await self._writer.create_event(body, namespace)

@@ -9,6 +9,7 @@ with that token; without one, over plain HTTP (`--no-metrics-secure`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -247,12 +248,37 @@ def run_module(
     module: str, *args: Path | str, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     """Run `python -m MODULE ARGS...` from the repository, as a user would; its output, exit code
-    not checked (the test says what it expects)."""
-    return subprocess.run(
-        [sys.executable, "-m", module, *map(str, args)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    not checked (the test says what it expects).
+
+    Past `timeout` the module is killed with every process it started (a benchmark's
+    controllers and peers, in sessions of their own too): none outlives it to write into the
+    plane the next tests share.
+    """
+    argv = [sys.executable, "-m", module, *map(str, args)]
+    with subprocess.Popen(
+        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for pid in [*descendants(proc.pid), proc.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.wait()  # not its pipes: one started since may hold them
+            raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes `pid` started, and theirs, read from /proc (children before their own)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found

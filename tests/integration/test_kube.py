@@ -17,15 +17,18 @@ import yaml
 from projector.api import SECRETS, Resource
 from projector.errors import ApiError, AuthenticationFailed, Conflict, Forbidden, Invalid, NotFound
 from projector.kube import Kube
+from projector.model import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from tests.support import NamespaceFactory
 
 PODS = Resource("v1", "pods", True, "Pod")
 """Not in projector's ClusterRole: every call is a 403."""
 
 
-def secret(name: str, value: str = "transport-canary") -> dict[str, object]:
+def secret(name: str, value: str = "transport-canary", **meta: str) -> dict[str, object]:
+    """A Secret projector may write: labelled as its own, or the admission policy refuses it."""
     data = {"v": base64.b64encode(value.encode()).decode()}
-    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": data}
+    metadata = {"name": name, "labels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE}, **meta}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "data": data}
 
 
 async def test_errors_are_mapped_and_leave_the_session_and_a_watch_working(
@@ -133,7 +136,7 @@ async def test_a_list_comes_page_by_page_and_writes_can_answer_with_metadata_onl
             assert made["metadata"]["name"] == f"s{i}" and "data" not in made
         first = await kube.get(SECRETS, "s0", namespace=ns, metadata_only=True)
         rv = first["metadata"]["resourceVersion"]
-        body = {**secret("s0"), "metadata": {"name": "s0", "resourceVersion": rv}}
+        body = secret("s0", resourceVersion=rv)
         put = await kube.replace(SECRETS, body, namespace=ns, metadata_only=False)
         assert "data" in put  # without metadata_only, the server's whole answer
         pages = [

@@ -4,9 +4,10 @@ table that remembers them is bounded (least recently recorded forgotten first)."
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from projector.api import EVENTS
+from projector.api import EVENTS, Obj, Request
 from projector.errors import NotFound, ServerError
 from projector.metrics import Metrics
 from projector.model import GrantRecord, Uid
@@ -104,3 +105,33 @@ async def test_an_event_not_created_is_not_counted_on() -> None:
     await rec.record(REC, [TAKEN])
     assert verbs(api) == ["CREATE", "CREATE"]
     assert [e["count"] for e in stored(api)] == [1]
+
+
+class HeldCreates(FakeApi):
+    """Holds every create until `go` is set: an Event still being created when told again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held, self.go = asyncio.Event(), asyncio.Event()
+
+    async def send(self, req: Request) -> Obj:
+        if req.verb == "CREATE":
+            self.held.set()
+            await self.go.wait()
+        return await super().send(req)
+
+
+async def test_the_same_event_told_while_it_is_created_counts_on_it() -> None:
+    """Under load a create takes a while and other workers tell the same Event meanwhile: they
+    wait for it and count on it, in order, never patching it before it exists (a 404 there
+    was taken for an expired Event and recorded a twin)."""
+    api = HeldCreates()
+    rec, _ = recorder(api)
+    first = asyncio.create_task(rec.record(REC, [TAKEN]))
+    await api.held.wait()
+    repeats = [asyncio.create_task(rec.record(REC, [TAKEN])) for _ in range(3)]
+    api.go.set()
+    await asyncio.gather(first, *repeats)
+    (ev,) = stored(api)
+    assert ev["count"] == 4
+    assert verbs(api) == ["CREATE", "PATCH", "PATCH", "PATCH"]
