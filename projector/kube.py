@@ -28,6 +28,7 @@ load balancer). The Lease's session is built with timeouts a fraction of the ret
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import ssl as tls
@@ -322,3 +323,6 @@ class Kube(Api):
         """Close the connections: the requests' pool and the watches' session."""
         self._pool.close()
         await self._session.close()
+        # A transport's socket closes on the loop's next turn: give it that turn, or a loop
+        # closed right after (a test's, a CLI's) leaves the socket to the garbage collector.
+        await asyncio.sleep(0)
