@@ -43,7 +43,7 @@ def timestamp() -> str:
 def event(involved: Obj, namespace: str, ev: Event, *, instance: str, now: str) -> Obj:
     """A core/v1 Event about the object `involved` (an involvedObject), in `namespace`.
 
-    The name is unique: Events are never updated.
+    The name is unique; the same Event again is counted on this object (`Recorder`).
     """
     return {
         "apiVersion": "v1",
