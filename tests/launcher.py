@@ -27,7 +27,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.controlplane.plane import free_ports
+from tests.controlplane.plane import free_ports, proc_stat
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -272,10 +272,9 @@ def run_module(
 def descendants(pid: int) -> list[int]:
     """The processes `pid` started, and theirs, read from /proc (children before their own)."""
     parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    for entry in Path("/proc").glob("[0-9]*"):
+        if (stat := proc_stat(int(entry.name))) is not None:
+            parents.setdefault(stat.ppid, []).append(int(entry.name))
     found, todo = [], [pid]
     while todo:
         children = parents.get(todo.pop(), [])

@@ -357,6 +357,7 @@ class ProcStat:
     """The fields of /proc/<pid>/stat that identify a process and say whether it runs."""
 
     state: str
+    ppid: int
     pgrp: int
     start_ticks: int  # clock ticks after boot: with the pid, an identity that survives pid reuse
 
@@ -368,7 +369,9 @@ def proc_stat(pid: int) -> ProcStat | None:
     except OSError:
         return None
     fields = stat.rsplit(")", 1)[-1].split()  # the comm before it may hold spaces and parens
-    return ProcStat(state=fields[0], pgrp=int(fields[2]), start_ticks=int(fields[19]))
+    return ProcStat(
+        state=fields[0], ppid=int(fields[1]), pgrp=int(fields[2]), start_ticks=int(fields[19])
+    )
 
 
 def _is_recorded_process(pid: int, exe: str, start_ticks: int | None) -> bool:
