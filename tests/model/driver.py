@@ -605,8 +605,14 @@ class Driver:
     def advance(self, worlds: Sequence[oracle.World]) -> None:
         """The operation's worlds happened: what each place may hold now, what was consented,
         and which S3/S4 guards still hold through all of them."""
-        for w in worlds:
-            self.since.append(w)
+        if not worlds:
+            return
+        # Worlds seen before may be widened too (a copy this operation lets land at a source's
+        # key): each is taken in again, which only ever adds consent and removes guards.
+        since, reached = oracle.reach([*self.since, *worlds], self._frozen())
+        self.since = since
+        self.possible = {p: set(states) for p, states in reached.items()}
+        for w in since:
             self.consented.update(oracle.consented(w))
             for place, (uid, _, type_) in list(self.guards.items()):
                 if not self._must_stay(w, place, uid, type_):
@@ -615,21 +621,12 @@ class Driver:
                 owner = w.grant_by_uid(uid)
                 if owner is None or owner.source[0] != place[0]:
                     del self.home[place]
-        if worlds:
-            for place in PLACES:
-                self.possible[place] = self._closure(place, self.possible[place])
+
+    def _frozen(self) -> dict[Key, frozenset[oracle.State]]:
+        return {p: frozenset(states) for p, states in self.possible.items()}
 
     def _closure(self, place: Key, states: Iterable[oracle.State]) -> set[oracle.State]:
-        seen = set(states)
-        todo = list(seen)
-        while todo:
-            state = todo.pop()
-            for w in self.since:
-                for nxt in oracle.successors(w, place, state):
-                    if nxt not in seen:
-                        seen.add(nxt)
-                        todo.append(nxt)
-        return seen
+        return set(oracle.reachable(self.since, place, states))
 
     @staticmethod
     def _must_stay(world: oracle.World, place: Key, uid: str, type_: str | None = None) -> bool:

@@ -70,7 +70,7 @@ from __future__ import annotations
 import fnmatch
 import itertools
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 Key = tuple[str, str]
@@ -419,6 +419,47 @@ def settle(
     """Where the place may rest once a correct controller is done with this world: the states
     reachable from `states` that it leaves as they are."""
     return frozenset(s for s, nxt in explore(world, place, states, notes).items() if s in nxt)
+
+
+def reachable(worlds: Sequence[World], place: Key, states: Iterable[State]) -> frozenset[State]:
+    """Every state the place may reach from `states` by steps taken in any of `worlds`."""
+    seen = set(states)
+    todo = list(seen)
+    while todo:
+        state = todo.pop()
+        for w in worlds:
+            new = successors(w, place, state) - seen
+            seen |= new
+            todo.extend(new)
+    return frozenset(seen)
+
+
+def reach(
+    worlds: Sequence[World], possible: Mapping[Key, frozenset[State]]
+) -> tuple[list[World], dict[Key, frozenset[State]]]:
+    """Every state each place may reach through `worlds` (in any order), and those worlds as
+    they may have been meanwhile.
+
+    A copy written in one of these worlds may stand at a key a grant names as its source: that
+    source then reads "not exported" (not "deleted") in the very same worlds, which moves other
+    places (the grant's copies follow onRevoke, not onSourceDeleted). So each world learns
+    where a copy may now stand (`World.others`), and the places are explored again, until
+    nothing new is reachable.
+    """
+    worlds = list(worlds)
+    reached = dict(possible)
+    while True:
+        reached = {place: reachable(worlds, place, states) for place, states in reached.items()}
+        may = {p for p, states in reached.items() if any(s is not None for s in states)}
+        wider = [
+            replace(w, others={**dict.fromkeys(may - set(w.others)), **w.others})
+            if may - set(w.others)
+            else w
+            for w in worlds
+        ]
+        if wider == worlds:
+            return worlds, reached
+        worlds = wider
 
 
 def consented(world: World) -> Iterator[tuple[Key, Visible]]:

@@ -612,3 +612,24 @@ def test_issue_42_the_source_moves_into_a_namespace_holding_its_copy() -> None:
     assert oracle.settle(retained, ("p2", "copy"), {replace(copy, on_revoke=RETAIN)}) == {
         replace(copy, on_revoke=RETAIN)
     }
+
+
+def test_seed_194_a_copy_landing_at_a_deleted_sources_key_revokes_that_sources_copies() -> None:
+    """Seed 194: g0's source n1/s1 went with its namespace; g0's copy at (n2, s1) is retained.
+    One operation lets the younger g1 (source pr/s1, target s1) land a copy at n1/s1 too: g0's
+    source then reads "not exported", its copy follows onRevoke (Delete), and g1 takes (n2, s1),
+    all between two observations. A single world, explored place by place, misses it."""
+    nss = {n: Namespace(n) for n in ("n1", "n2", "pr")}
+    s = Source("pr", "s1", (("k", "v"),), export_to="*")
+    g0 = Grant("g0", "u0", T0, ("n1", "s1"), ("n2",), keys=(("k", "t"),))
+    g1 = Grant("g1", "u1", T1, ("pr", "s1"), ("n1", "n2"))
+    w = World(namespaces=nss, sources={s.key: s}, grants={"g0": g0, "g1": g1})
+    retained = oracle.Copy("u0", "g0", ("n1", "s1"), (("t", "old"),), "Opaque")
+    possible = {("n1", "s1"): frozenset({ABSENT}), ("n2", "s1"): frozenset({retained})}
+    # place by place, in the world as it was: g0's source deleted, its copy retained
+    assert oracle.reachable([w], ("n2", "s1"), {retained}) == {retained}
+    worlds, reached = oracle.reach([w], possible)
+    ours = oracle.Copy("u1", "g1", ("pr", "s1"), (("k", "v"),), "Opaque")
+    assert reached[("n1", "s1")] == {ABSENT, ours}
+    assert reached[("n2", "s1")] == {retained, ABSENT, ours}
+    assert worlds[0].others == {("n1", "s1"): None, ("n2", "s1"): None}
