@@ -21,7 +21,7 @@ from typing import Any
 from benchmarks import e2e, failover, hostile, hotpath, scaling
 from benchmarks.common import RESULTS
 from benchmarks.harness import control_plane
-from projector.kube import Kube
+from projector.client.kube import Kube
 
 SIZES: dict[str, dict[str, Any]] = {
     # fanout: (namespaces, blocks, samples per block); every block adds one warm-up sample.

@@ -22,7 +22,7 @@ from benchmarks.common import REPO, RESULTS, summary, write_result
 SNIPPET = """
 import json, statistics, time
 from benchmarks.hotpath import world
-from projector import reconcile
+from projector.core import reconcile
 
 def once(snap):
     t = time.perf_counter()

@@ -45,11 +45,12 @@ from benchmarks.harness import (
     namespaces,
     secret,
 )
-from projector.api import GRANTS, SECRETS, Api, Obj, Request
-from projector.conflicts import ConflictWatches
-from projector.kube import Kube
-from projector.model import SourceKind
-from projector.plans import Action, Outcome, Plan, Reason, SourceState, Step
+from projector.client.api import Api, Request
+from projector.client.kube import Kube
+from projector.control.conflicts import ConflictWatches
+from projector.core.kinds import GRANTS, SECRETS, Obj
+from projector.core.model import SourceKind
+from projector.core.plans import Action, Outcome, Plan, Reason, SourceState, Step
 from tests.launcher import ControllerProcess
 
 SRC = "cf-src"

@@ -84,7 +84,7 @@ def summarize(collapsed: str, top: int = 15) -> dict[str, Any]:
         if not stack or not count.isdigit():
             continue
         frames = [m for f in stack.split(";") if (m := _FRAME.match(f))]
-        if any(f["path"].endswith("projector/endpoints.py") for f in frames):
+        if any(f["path"].endswith("projector/telemetry/endpoints.py") for f in frames):
             continue  # the benchmark's own /metrics scrapes, between the rounds
         n = int(count)
         total += n

@@ -56,9 +56,10 @@ from benchmarks.harness import (
     sources,
     unb64,
 )
-from projector.api import GRANTS, SECRETS
-from projector.kube import Kube
-from projector.model import FIELD_MANAGER, GRANT_LABEL
+from projector.client.kube import Kube
+from projector.core.kinds import GRANTS, SECRETS
+from projector.core.model import GRANT_LABEL
+from projector.core.names import FIELD_MANAGER
 from tests.otel.harness import Collector
 from tests.otel.harness import binary as otel_binary
 from tests.support import api_client, b64

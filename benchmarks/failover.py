@@ -31,10 +31,10 @@ from benchmarks.harness import (
     put_value,
     secret,
 )
-from projector.api import GRANTS, LEASES, SECRETS
+from projector.client.kube import Kube
+from projector.control.leader import LEASE_NAME
+from projector.core.kinds import GRANTS, LEASES, SECRETS
 from projector.errors import NotFound
-from projector.kube import Kube
-from projector.leader import LEASE_NAME
 
 SYSTEM = "failover-system"
 SRC, DST = "failover-src", "failover-dst"

@@ -1,12 +1,12 @@
 """The floor: a bare asyncio writer on the fastest client here, in its own process, on uvloop.
 
-Not projector's client (`projector.kube.Kube`, `projector.http1`): the floor is what the API
-server allows a client that does nothing but the writes, so it must not inherit projector's
-client costs. It speaks HTTPS with the admin kubeconfig's own credentials (client certificate
-and key, CA), built into an `ssl.SSLContext`. Its PUTs go over `Lines`: kept-alive connections,
-each carrying one request at a time, the responses read by llhttp (httptools) and the JSON by
-orjson; no pool, no timeouts, no retries, so per write it costs a third of aiohttp's CPU.
-Lists and watches, a few per run, use one aiohttp session.
+Not projector's client (`projector.client.kube.Kube`, `projector.client.http1`): the floor is
+what the API server allows a client that does nothing but the writes, so it must not inherit
+projector's client costs. It speaks HTTPS with the admin kubeconfig's own credentials (client
+certificate and key, CA), built into an `ssl.SSLContext`. Its PUTs go over `Lines`: kept-alive
+connections, each carrying one request at a time, the responses read by llhttp (httptools) and
+the JSON by orjson; no pool, no timeouts, no retries, so per write it costs a third of aiohttp's
+CPU. Lists and watches, a few per run, use one aiohttp session.
 
 It runs as a subprocess (`python -m benchmarks.floor KUBECONFIG`) driven by JSON lines on stdin,
 one answer line on stdout per command, so that its CPU can be attributed: nothing else runs in
@@ -15,19 +15,16 @@ cost the client (every thread of the process; the stdin reader thread is blocked
 Times are `time.monotonic()` (CLOCK_MONOTONIC, shared by every process of the machine), so a t0
 taken here compares with a watch event timed in the harness process.
 
-Commands:
-- ``{"op": "load", "selector": S, "manager": M}``: list Secrets matching S; keep their bodies to
-  PUT, as field manager M (default "floor"; "projector" keeps a copy's managedFields as
-  projector's own writes leave them).
-- ``{"op": "fanout", "key": K, "value": V, "concurrency": 32}``: PUT every loaded body with
-  data[K] = V (each with its last known resourceVersion), at most `concurrency` in flight.
-  Answers t0 (just before the first write is sent), t_done, cpu (process seconds) and writes.
-- ``{"op": "watch", "selector": S}``: open a watch on Secrets matching S (for round trips).
-- ``{"op": "roundtrips", "namespace": NS, "names": [A, B], "key": K, "value": V}``: write A,
-  wait for the watch event showing it, then B: two write+watch round trips, the least a
-  controller must do for one change and one copy. Answers t0, t1, cpu, and marks (each
-  write's response and watch event).
-- ``{"op": "quit"}``.
+Commands: - ``{"op": "load", "selector": S, "manager": M}``: list Secrets matching S; keep their
+bodies to PUT, as field manager M (default "floor"; "projector" keeps a copy's managedFields as
+projector's own writes leave them). - ``{"op": "fanout", "key": K, "value": V, "concurrency":
+32}``: PUT every loaded body with data[K] = V (each with its last known resourceVersion), at
+most `concurrency` in flight. Answers t0 (just before the first write is sent), t_done, cpu
+(process seconds) and writes. - ``{"op": "watch", "selector": S}``: open a watch on Secrets
+matching S (for round trips). - ``{"op": "roundtrips", "namespace": NS, "names": [A, B], "key":
+K, "value": V}``: write A, wait for the watch event showing it, then B: two write+watch round
+trips, the least a controller must do for one change and one copy. Answers t0, t1, cpu, and
+marks (each write's response and watch event). - ``{"op": "quit"}``.
 """
 
 from __future__ import annotations
@@ -240,7 +237,8 @@ class Observer:
 
     Every system is timed by the same observer, and a fast one, so neither the harness's
     trigger nor its watch depends on the client of the system under test. It offers the part
-    of `projector.kube.Kube` that `harness.Watcher` and `harness.put_value` use, Secrets only.
+    of `projector.client.kube.Kube` that `harness.Watcher` and `harness.put_value` use, Secrets
+    only.
     """
 
     def __init__(self, kubeconfig: Path) -> None:

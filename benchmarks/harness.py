@@ -1,6 +1,6 @@
 """End-to-end benchmark plumbing: a control plane, bulk setup, a controller process, a watcher.
 
-The harness sets things up with projector's own client (`projector.kube.Kube`), but triggers
+The harness sets things up with projector's own client (`projector.client.kube.Kube`), but triggers
 and observes end-to-end samples with `benchmarks.floor.Observer` (the floor's client), so the
 observer is the same, and fast, whatever the system under test; the floor is a separate process
 on that client (see `benchmarks/floor.py`). Every system, projector, the floor and the peers,
@@ -24,10 +24,10 @@ from typing import Any
 from kubernetes import client, config
 
 from benchmarks.floor import Observer
-from projector.api import GRANTS, NAMESPACES, SECRETS, Obj
+from projector.client.kube import Kube
 from projector.config import Config
+from projector.core.kinds import GRANTS, NAMESPACES, SECRETS, Obj
 from projector.errors import Conflict
-from projector.kube import Kube
 from tests.controlplane.plane import ControlPlane, ensure_binaries
 from tests.launcher import REPO, ControllerProcess, launch
 from tests.support import b64
@@ -70,7 +70,8 @@ async def gather_limited(coros: Iterable[Any], limit: int = 32) -> list[Any]:
 
 def own_namespace(kubeconfig: Path) -> None:
     """Make the controller's own namespace (as the admin of `kubeconfig`) before it starts: it
-    keeps its hash key there (`projector.hashkey`) and reconciles nothing until it has read it."""
+    keeps its hash key there (`projector.control.hashkey`) and reconciles nothing until it has
+    read it."""
     with config.new_client_from_config(str(kubeconfig)) as api:
         body = client.V1Namespace(metadata=client.V1ObjectMeta(name=Config().namespace))
         try:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS, summary, write_result
-from projector.model import (
+from projector.core.model import (
     EXPORT_LABEL,
     EXPORT_TO_ANNOTATION,
     MAX_EXPORT_TO_ENTRIES,
@@ -24,7 +24,7 @@ from projector.model import (
     _globs_regex,
     parse_source,
 )
-from projector.rollout import MAX_ROLLOUT_ON_ENTRIES, ROLLOUT_ON, rollout_on
+from projector.rollout.wing import MAX_ROLLOUT_ON_ENTRIES, ROLLOUT_ON, rollout_on
 
 BOMB = ",".join(f"-bad-{i}" for i in range(20_000))
 """The review's export-to: 240 KiB of invalid entries, under the API server's limit."""

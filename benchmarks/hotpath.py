@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS, summary, write_result
-from projector import reconcile
-from projector.model import (
+from projector.control.queue import WorkQueue
+from projector.core.desired import Desired, desired_copy
+from projector.core.model import (
     Grant,
     LabelSelector,
     Namespace,
@@ -26,7 +27,8 @@ from projector.model import (
     content_hash,
     parse_copy,
 )
-from projector.queue import WorkQueue
+from projector.core.plans import Action, Snapshot, SourceState
+from projector.core.reconcile import plan
 
 DATA = {
     k: base64.b64encode(f"value-of-{k}-".encode() * 4).decode()
@@ -34,7 +36,7 @@ DATA = {
 }
 
 
-def world(n: int, *, in_sync: bool) -> reconcile.Snapshot:
+def world(n: int, *, in_sync: bool) -> Snapshot:
     """One grant selecting n namespaces; copies all in sync, or none yet."""
     grant = Grant(
         name="g",
@@ -52,8 +54,8 @@ def world(n: int, *, in_sync: bool) -> reconcile.Snapshot:
     namespaces["src"] = Namespace("src")
     copies = {}
     if in_sync:
-        desired = reconcile.desired_copy(grant, source)
-        assert isinstance(desired, reconcile.Desired)
+        desired = desired_copy(grant, source)
+        assert isinstance(desired, Desired)
         for i in range(n):
             m = desired.manifest(f"ns-{i}")
             meta: Any = m["metadata"]
@@ -68,11 +70,11 @@ def world(n: int, *, in_sync: bool) -> reconcile.Snapshot:
             ]
             c = parse_copy(m)
             copies[c.key] = c
-    return reconcile.Snapshot(
+    return Snapshot(
         grant_name="g",
         grant=grant,
         source=source,
-        source_state=reconcile.SourceState.AVAILABLE,
+        source_state=SourceState.AVAILABLE,
         namespaces=namespaces,
         copies=copies,
         live_grant_uids=frozenset({"uid-g"}),
@@ -114,10 +116,10 @@ def run(
     for n in sizes:
         for in_sync in (True, False):
             snap = world(n, in_sync=in_sync)
-            plan = reconcile.plan(snap)
-            want = reconcile.Action.NOOP if in_sync else reconcile.Action.CREATE
-            assert sum(s.action is want for s in plan.steps) == n, "benchmark world is wrong"
-            samples = timed(lambda snap=snap: reconcile.plan(snap), repeats)  # type: ignore[misc]
+            planned = plan(snap)
+            want = Action.NOOP if in_sync else Action.CREATE
+            assert sum(s.action is want for s in planned.steps) == n, "benchmark world is wrong"
+            samples = timed(lambda snap=snap: plan(snap), repeats)  # type: ignore[misc]
             key = f"plan_per_namespace_{'in_sync' if in_sync else 'create'}_{n}"
             m[key] = summary([s / n * 1e6 for s in samples], "us")
     m["content_hash"] = summary(

@@ -39,8 +39,8 @@ from benchmarks.harness import (
     wait_ready,
 )
 from benchmarks.scaling import fit
-from projector.api import GRANTS, SECRETS
-from projector.kube import Kube
+from projector.client.kube import Kube
+from projector.core.kinds import GRANTS, SECRETS
 from tests.launcher import ControllerProcess, launch
 
 SRC = "mem-src"

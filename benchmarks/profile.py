@@ -39,8 +39,8 @@ from benchmarks.harness import (
     settle,
     wait_ready,
 )
-from projector.api import GRANTS, SECRETS
-from projector.kube import Kube
+from projector.client.kube import Kube
+from projector.core.kinds import GRANTS, SECRETS
 from tests.launcher import REPO, ControllerProcess, launch, stop_process
 
 RUN_FROM = (

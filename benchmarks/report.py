@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt
 from benchmarks import scaling_report
 from benchmarks.common import FLOOR_SAME, MARKS_RATIO, REPO, RESULTS, SAME_RATIO
 from projector.config import Config
-from projector.queue import WorkQueue
+from projector.control.queue import WorkQueue
 
 DOCS = REPO / "docs"
 PLOTS = DOCS / "benchmarks"
@@ -36,7 +36,7 @@ def cpu_profile_tables(cpu: dict[str, Any]) -> list[str]:
         f"Where the CPU of the sampled run's updates went (py-spy, {cpu['samples']} samples at "
         f"{cpu['rate_per_s']}/s, the benchmark's /metrics scrapes left out). Self time by "
         "component; with uvloop the event loop, sockets and TLS are native code, counted "
-        "under the Python frame that called them (projector.http1's for requests since "
+        "under the Python frame that called them (projector.client.http1's for requests since "
         "651b293, aiohttp's before; aiohttp still carries the watches):",
         "",
         "| component | share of CPU |",

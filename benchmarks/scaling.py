@@ -42,9 +42,9 @@ from benchmarks.harness import (
     sources,
     unb64,
 )
-from projector.api import GRANTS, SECRETS
+from projector.client.kube import Kube
+from projector.core.kinds import GRANTS, SECRETS
 from projector.errors import ServerError
-from projector.kube import Kube
 from tests.support import b64
 
 AXIS = "bench-axis"

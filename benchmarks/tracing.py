@@ -44,8 +44,8 @@ from benchmarks.harness import (
     settle,
     wait_ready,
 )
-from projector.api import GRANTS, SECRETS
-from projector.kube import Kube
+from projector.client.kube import Kube
+from projector.core.kinds import GRANTS, SECRETS
 from tests.controlplane.plane import free_port
 from tests.launcher import ControllerProcess, launch
 from tests.otel.harness import BlackHole, Collector, binary

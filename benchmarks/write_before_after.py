@@ -21,8 +21,8 @@ from typing import Any
 from benchmarks.before_after import export
 from benchmarks.common import summary, write_result
 from benchmarks.profile import call_tree, fan_out_world, measured_rounds, start
-from projector.api import GRANTS
-from projector.kube import Kube
+from projector.client.kube import Kube
+from projector.core.kinds import GRANTS
 from tests.launcher import REPO
 
 Samples = dict[str, list[float]]

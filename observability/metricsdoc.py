@@ -7,9 +7,9 @@ from a freshly built `Metrics` (with every informer bound), as they are created 
 
 from __future__ import annotations
 
-from projector.metrics import Metrics
-from projector.metrictable import METRICS
-from projector.store import Kind
+from projector.cache.caches import Kind
+from projector.telemetry.metrics import Metrics
+from projector.telemetry.metrictable import METRICS
 
 _HEADER = """# Metrics reference
 

@@ -16,7 +16,8 @@ def _structlog_without_rich() -> None:
     rich is here only for the command line of the CEL package (common-expression-language,
     through typer), but structlog imports it whenever it is installed, to draw tracebacks the
     controller never draws: its JSON lines format exceptions with `format_exc_info`, and its
-    console lines with `plain_traceback` (`projector.logs`), neither with locals. So rich (and
+    console lines with `plain_traceback` (`projector.telemetry.logs`), neither with locals. So
+    rich (and
     better-exceptions, were it installed) is made unimportable while structlog loads, then
     importable again: a later `import rich` (a tool, a test) loads it whole. structlog's own
     default pipeline, used before `logs.configure_logging` runs, then draws plain tracebacks

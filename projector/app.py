@@ -31,25 +31,26 @@ import structlog
 import uvloop
 from aiohttp import web
 
-from projector import certs
 from projector import config as config_mod
-from projector.access import Access
+from projector.cache.caches import Cache
+from projector.cache.informer import Informer
+from projector.cache.store import Store
+from projector.client.kube import Kube
 from projector.config import Config
-from projector.controller import Controller
-from projector.endpoints import health_app, metrics_app
+from projector.control.controller import Controller
+from projector.control.leader import Elector
+from projector.control.notices import Notices
+from projector.control.queue import WorkQueue
+from projector.control.recorder import Recorder
+from projector.control.writer import Writer
 from projector.errors import ProjectorError
-from projector.informer import Informer
-from projector.kube import Kube
-from projector.leader import Elector
-from projector.logs import configure_logging
-from projector.metrics import Metrics
-from projector.notices import Notices
-from projector.queue import WorkQueue
-from projector.recorder import Recorder
-from projector.rollout import Ref, Rollouts
-from projector.store import Cache, Store
-from projector.tracing import configure_tracing, spans_exported
-from projector.writer import Writer
+from projector.rollout.wing import Ref, Rollouts
+from projector.telemetry import certs
+from projector.telemetry.access import Access
+from projector.telemetry.endpoints import health_app, metrics_app
+from projector.telemetry.logs import configure_logging
+from projector.telemetry.metrics import Metrics
+from projector.telemetry.tracing import configure_tracing, spans_exported
 
 log = structlog.get_logger("projector")
 
@@ -158,7 +159,7 @@ class Process:
             writer=writer,
             recorder=recorder,
             tracer=tracer,
-            rollouts=self.rollouts,
+            wings=(self.rollouts,) if self.rollouts is not None else (),
         )
         self.tasks: list[asyncio.Task[None]] = []
         """The tasks that run for the life of the process: if one ends, the process is wedged."""

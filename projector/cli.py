@@ -1,10 +1,10 @@
 """`projector validate` and `projector explain`: the operator's commands besides `run`.
 
-`validate` is offline (the CRD's own schema and CEL rules, `projector.validate`). `explain` reads
-the cluster once (`Store.load`: one list of each kind, no watch), takes the same snapshot the
-controller would, runs the same `reconcile.plan()` and says why each namespace is in its state
-(`projector.explain`). It needs read access to grants, namespaces and Secrets, like a cluster
-admin; it never prints a Secret's value.
+`validate` is offline (the CRD's own schema and CEL rules, `projector.core.validate`). `explain`
+reads the cluster once (`Store.load`: one list of each kind, no watch), takes the same snapshot
+the controller would, runs the same `reconcile.plan()` and says why each namespace is in its
+state (`projector.core.explain`). It needs read access to grants, namespaces and Secrets, like a
+cluster admin; it never prints a Secret's value.
 """
 
 from __future__ import annotations
@@ -17,16 +17,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from projector import explain as explaining
-from projector import validate as validating
-from projector.api import BY_KIND, SECRETS
+from projector.core import explain as explaining
+from projector.core import validate as validating
+from projector.core.kinds import BY_KIND, SECRETS
+from projector.core.model import EXPORT_TO_ANNOTATION, ObjectKey, is_exported, parse_export_to
+from projector.core.plans import Action, Plan
+from projector.core.reconcile import plan
 from projector.errors import NotFound, ProjectorError
-from projector.model import EXPORT_TO_ANNOTATION, ObjectKey, is_exported, parse_export_to
-from projector.reconcile import Action, Plan, plan
 
 if TYPE_CHECKING:  # explain only: `validate` stays offline and quick to start
-    from projector.kube import Kube
-    from projector.store import Store
+    from projector.cache.store import Store
+    from projector.client.kube import Kube
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -51,9 +52,9 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 async def _explain(args: argparse.Namespace) -> str:
-    from projector.kube import Kube
-    from projector.probe import snapshot
-    from projector.store import Store
+    from projector.cache.probe import snapshot
+    from projector.cache.store import Store
+    from projector.client.kube import Kube
 
     kube = await Kube.connect(args.kubeconfig)
     try:
@@ -99,7 +100,7 @@ async def _blockers(kube: Kube, p: Plan) -> dict[str, dict[str, Any]]:
 async def _explain_secret(
     args: argparse.Namespace, kube: Kube, store: Store, uids: dict[str, str]
 ) -> str:
-    from projector.probe import snapshot
+    from projector.cache.probe import snapshot
 
     ns_name, _, name = args.secret.partition("/")
     if not ns_name or not name:

@@ -42,12 +42,14 @@ class Config:
     """/metrics alone, on its own port; 0 picks a free one."""
     metrics_secure: bool = True
     """/metrics over HTTPS, for a bearer token that a TokenReview authenticates and a
-    SubjectAccessReview allows to `get` the non-resource URL /metrics (`projector.access`), as
+    SubjectAccessReview allows to `get` the non-resource URL /metrics
+    (`projector.telemetry.access`), as
     controller-runtime's secure metrics and kube-rbac-proxy serve it. Off: plain HTTP, anyone
     who reaches the port reads it."""
     metrics_cert_dir: str = ""
     """A directory with tls.crt and tls.key for the metrics port (a mounted kubernetes.io/tls
-    Secret); empty: a self-signed certificate made in memory at start (`projector.certs`)."""
+    Secret); empty: a self-signed certificate made in memory at start
+    (`projector.telemetry.certs`)."""
     workers: int = 4
     """Grants reconciled concurrently."""
     write_concurrency: int = 32
@@ -94,7 +96,7 @@ class Config:
     ConfigMap write), and a ConfigMap grant's source reads as unavailable."""
     rollouts: bool = False
     """Roll Deployments, StatefulSets and DaemonSets that name a copy in their
-    projector.nebari.dev/rollout-on annotation when its content changes (`projector.rollout`).
+    projector.nebari.dev/rollout-on annotation when its content changes (`projector.rollout.wing`).
     Off: no workload is listed, watched or patched (and the chart grants no access to them)."""
     rollout_debounce: float = 2.0
     """Trailing window of a workload's rollout: the copy writes of one burst (seconds apart,

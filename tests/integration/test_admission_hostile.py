@@ -391,7 +391,8 @@ def rollout_apply(
     seen: Mapping[str, str] | None = None,
     kind: str = "Deployment",
 ) -> dict[str, Any]:
-    """The body projector's rollout applies (projector.rollout.manifest), plus what a test adds."""
+    """The body projector's rollout applies (projector.rollout.wing.manifest), plus what a test
+    adds."""
     return {
         "apiVersion": "apps/v1",
         "kind": kind,

@@ -1,4 +1,4 @@
-"""The CRD (what the API server enforces) and projector.model (what the controller assumes)
+"""The CRD (what the API server enforces) and projector.core.model (what the controller assumes)
 agree: every spec is accepted by both or rejected by both, with the rule's message, and the
 server's defaults are the model's defaults.
 """
@@ -12,13 +12,13 @@ from typing import Any, cast
 import pytest
 from kubernetes import client
 
-from projector.errors import InvalidGrant
-from projector.grantspec import parse_grant
-from projector.model import (
+from projector.core.grantspec import parse_grant
+from projector.core.model import (
     OnRevoke,
     OnSourceDeleted,
     SourceKind,
 )
+from projector.errors import InvalidGrant
 from tests.support import eventually, unique_name
 
 GROUP, VERSION, PLURAL = "projector.nebari.dev", "v1alpha1", "projectiongrants"

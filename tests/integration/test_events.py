@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from projector.model import EXPORT_LABEL
+from projector.core.model import EXPORT_LABEL
 from tests.support import Cluster, NamespaceFactory, eventually
 
 

@@ -22,16 +22,16 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from projector.grantspec import parse_grant
-from projector.model import (
+from projector.core.desired import Desired, desired_copy
+from projector.core.grantspec import parse_grant
+from projector.core.model import (
     HASH_ANNOTATION,
     HASH_KEY_SECRET,
     MANAGED_BY_LABEL,
     content_bytes,
     parse_source,
 )
-from projector.reconcile import Desired, desired_copy
-from projector.rollout import seen_key, stamp_key, stamp_of
+from projector.rollout.wing import seen_key, stamp_key, stamp_of
 from tests.integration.test_rollout import (
     IMAGE,
     rollout_rbac,  # noqa: F401  (a fixture, by name)

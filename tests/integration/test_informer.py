@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from projector.api import SECRETS, Obj
+from projector.cache.caches import Cache, Kind, Spec
+from projector.cache.informer import Informer
+from projector.client.kube import Kube
+from projector.core.kinds import SECRETS, Obj
+from projector.core.model import ObjectKey
 from projector.errors import NotFound
-from projector.informer import Informer
-from projector.kube import Kube
-from projector.model import ObjectKey
-from projector.store import Cache, Kind, Spec
 
 
 async def until(cond: Callable[[], object], within: float = 20.0) -> None:

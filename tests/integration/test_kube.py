@@ -14,10 +14,10 @@ import pytest
 import structlog.testing
 import yaml
 
-from projector.api import SECRETS, Resource
+from projector.client.kube import Kube
+from projector.core.kinds import SECRETS, Resource
+from projector.core.model import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from projector.errors import ApiError, AuthenticationFailed, Conflict, Forbidden, Invalid, NotFound
-from projector.kube import Kube
-from projector.model import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from tests.support import NamespaceFactory
 
 PODS = Resource("v1", "pods", True, "Pod")

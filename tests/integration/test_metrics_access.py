@@ -108,7 +108,7 @@ def test_a_metrics_cert_dir_is_served(
 ) -> None:
     """--metrics-cert-dir (the chart's metrics.certSecret): its certificate is the one served,
     and a client that verifies it against that certificate connects."""
-    from projector import certs
+    from projector.telemetry import certs
 
     pem = certs.self_signed(["localhost", "127.0.0.1"])
     key, marker, crt = pem.partition(b"-----END PRIVATE KEY-----\n")

@@ -13,12 +13,13 @@ from pathlib import Path
 
 from kubernetes import client
 
-from projector import probe
-from projector.informer import Informer
-from projector.kube import Kube
-from projector.model import ObjectKey
-from projector.reconcile import SourceState, plan
-from projector.store import Store
+from projector.cache import probe
+from projector.cache.informer import Informer
+from projector.cache.store import Store
+from projector.client.kube import Kube
+from projector.core.model import ObjectKey
+from projector.core.plans import SourceState
+from projector.core.reconcile import plan
 from tests.support import Cluster, NamespaceFactory
 
 

@@ -27,7 +27,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from projector.retries import MAX_RETRY_AFTER
+from projector.client.retries import MAX_RETRY_AFTER
 from tests import reliability
 from tests.launcher import ControllerProcess
 from tests.support import (

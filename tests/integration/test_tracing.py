@@ -29,7 +29,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from observability import traces
 from projector import __version__
-from projector.tracing import SPAN_SHUTDOWN_SECONDS
+from projector.telemetry.tracing import SPAN_SHUTDOWN_SECONDS
 from tests.launcher import REPO, ControllerProcess
 from tests.otel.harness import STATUS_ERROR, BlackHole, Collector, Span, binary
 from tests.support import Cluster, NamespaceFactory, eventually, unique_name

@@ -22,8 +22,8 @@ import pytest
 import yaml
 from kubernetes import client
 
+from projector.core.grantspec import parse_grant
 from projector.errors import InvalidGrant
-from projector.grantspec import parse_grant
 from tests.launcher import REPO, validate
 from tests.support import unique_name
 

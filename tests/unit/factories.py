@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from projector.model import (
-    FIELD_MANAGER,
+from projector.core.desired import Desired, desired_copy
+from projector.core.model import (
     GRANT_LABEL,
     GRANT_UID_ANNOTATION,
     Copy,
@@ -34,7 +34,8 @@ from projector.model import (
     parse_export_to,
     refused_source,
 )
-from projector.reconcile import Action, Desired, Plan, Reason, Snapshot, SourceState, desired_copy
+from projector.core.names import FIELD_MANAGER
+from projector.core.plans import Action, Plan, Reason, Snapshot, SourceState
 from tests.support import b64 as b64  # the unit tests take it from here
 
 SRC_NS = "src"

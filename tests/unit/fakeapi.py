@@ -1,4 +1,5 @@
-"""A small in-memory transport for `projector.api.Api`, for unit tests of error handling only.
+"""A small in-memory transport for `projector.client.api.Api`, for unit tests of error handling
+only.
 
 `Api` shapes each call exactly as for the real API server; this answers the request.
 
@@ -19,7 +20,8 @@ from typing import Any
 
 import orjson
 
-from projector.api import APPLY_PATCH, Api, Obj, Precondition, Request, Resource
+from projector.client.api import APPLY_PATCH, Api, Precondition, Request
+from projector.core.kinds import Obj, Resource
 from projector.errors import ApiError, Conflict, NotFound
 
 Key = tuple[str, str, str]

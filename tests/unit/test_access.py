@@ -1,5 +1,6 @@
-"""The metrics port's gate (`projector.access`) and TLS (`projector.certs`), on a double of the
-API server's reviews; tests/integration/test_metrics_access.py asks a real one."""
+"""The metrics port's gate (`projector.telemetry.access`) and TLS (`projector.telemetry.certs`),
+on a double of the API server's reviews; tests/integration/test_metrics_access.py asks a real
+one."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import pytest
 import structlog
 from aiohttp import web
 
-from projector import certs, config
-from projector.access import Access, bearer
-from projector.api import Api, Obj, Request
-from projector.endpoints import metrics_app
+from projector import config
+from projector.client.api import Api, Request
+from projector.core.kinds import Obj
 from projector.errors import ServerError
-from projector.metrics import Metrics
+from projector.telemetry import certs
+from projector.telemetry.access import Access, bearer
+from projector.telemetry.endpoints import metrics_app
+from projector.telemetry.metrics import Metrics
 
 READER = "system:serviceaccount:monitoring:prometheus"
 

@@ -6,19 +6,18 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
-from projector.api import (
+from projector.client.api import (
     APPLY_PATCH,
     JSON,
     MERGE_PATCH,
     METADATA_LIST,
     METADATA_ONLY,
-    SECRETS,
     Api,
-    Obj,
     Precondition,
     Request,
     collect,
 )
+from projector.core.kinds import SECRETS, Obj
 from projector.errors import ServerError
 
 

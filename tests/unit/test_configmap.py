@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from projector.errors import InvalidGrant
-from projector.grantspec import parse_grant
-from projector.model import (
-    FIELD_MANAGER,
+from projector.cache.store import Store
+from projector.core.desired import desired_copy
+from projector.core.grantspec import parse_grant
+from projector.core.model import (
     GRANT_UID_ANNOTATION,
     Copy,
     Grant,
@@ -29,8 +29,10 @@ from projector.model import (
     parse_copy,
     parse_source,
 )
-from projector.reconcile import Action, Reason, desired_copy, plan
-from projector.store import Store
+from projector.core.names import FIELD_MANAGER
+from projector.core.plans import Action, Reason
+from projector.core.reconcile import plan
+from projector.errors import InvalidGrant
 from tests.unit.factories import (
     SRC_NAME,
     SRC_NS,

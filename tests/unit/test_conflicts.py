@@ -11,19 +11,20 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 
-from projector.api import CONFIGMAPS, SECRETS, Api, Obj, Request
-from projector.conflicts import (
+from projector.client.api import Api, Request
+from projector.control.conflicts import (
     LIST_METADATA,
     WATCH_METADATA,
     ConflictWatches,
     blocked,
     foreseen,
 )
-from projector.model import SourceKind, parse_copy
-from projector.names import FIELD_MANAGER
-from projector.plans import Action, Outcome, Plan, Reason, SourceState, Step, conflict_message
-from projector.reconcile import plan as make_plan
-from projector.status import Result, verdict
+from projector.core.kinds import CONFIGMAPS, SECRETS, Obj
+from projector.core.model import SourceKind, parse_copy
+from projector.core.names import FIELD_MANAGER
+from projector.core.plans import Action, Outcome, Plan, Reason, SourceState, Step, conflict_message
+from projector.core.reconcile import plan as make_plan
+from projector.core.status import Result, verdict
 from tests.unit.factories import (
     claim,
     foreign_secret,

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from projector import connection
-from projector.connection import TokenBucket
+from projector.client import connection
+from projector.client.connection import TokenBucket
 
 
 class Clock:

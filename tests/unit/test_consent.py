@@ -21,12 +21,12 @@ from typing import Any
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from projector.grantspec import parse_grant
-from projector.model import (
+from projector.core.grantspec import parse_grant
+from projector.core.model import (
     is_exported,
     parse_source,
 )
-from projector.reconcile import Consent, consent
+from projector.core.ownership import Consent, consent
 
 EXPORT_LABEL = "projector.nebari.dev/export"
 EXPORT_TO = "projector.nebari.dev/export-to"

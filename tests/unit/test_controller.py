@@ -7,18 +7,19 @@ from typing import Any
 
 from opentelemetry import trace
 
-from projector.api import EVENTS, GRANTS, NAMESPACES, SECRETS
+from projector.cache.caches import Kind
+from projector.cache.store import Store
+from projector.client.retries import Retries
 from projector.config import Config
-from projector.controller import Controller
+from projector.control.controller import Controller
+from projector.control.queue import WorkQueue
+from projector.control.recorder import Recorder
+from projector.control.writer import Writer
+from projector.core.kinds import EVENTS, GRANTS, NAMESPACES, SECRETS
+from projector.core.model import HashKey
+from projector.core.status import Result
 from projector.errors import ServerError, TooManyRequests
-from projector.metrics import Metrics
-from projector.model import HashKey
-from projector.queue import WorkQueue
-from projector.recorder import Recorder
-from projector.retries import Retries
-from projector.status import Result
-from projector.store import Kind, Store
-from projector.writer import Writer
+from projector.telemetry.metrics import Metrics
 from tests.unit.factories import managed_fields
 from tests.unit.fakeapi import FakeApi
 from tests.unit.test_store import copy_obj, grant_obj, ns_obj, source_obj

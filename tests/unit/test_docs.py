@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from projector.metrics import Metrics
-from projector.metrictable import METRICS
+from projector.telemetry.metrics import Metrics
+from projector.telemetry.metrictable import METRICS
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"

@@ -21,7 +21,7 @@ def test_committed_file_is_what_the_code_renders(rel: str) -> None:
 
 
 def test_metrics_reference_lists_every_projector_metric_of_the_registry() -> None:
-    from projector.metrics import Metrics
+    from projector.telemetry.metrics import Metrics
 
     page = (REPO / "docs/metrics.md").read_text()
     names = {f.name for f in Metrics().registry.collect() if f.name.startswith("projector_")}
@@ -31,8 +31,8 @@ def test_metrics_reference_lists_every_projector_metric_of_the_registry() -> Non
 
 
 def test_no_label_names_a_namespace_secret_or_grant() -> None:
-    from projector.metrics import Metrics
-    from projector.store import Kind
+    from projector.cache.caches import Kind
+    from projector.telemetry.metrics import Metrics
 
     metrics = Metrics()
     metrics.bind_informers([k.value for k in Kind], 1.0)

@@ -12,12 +12,13 @@ import hmac
 import pytest
 import structlog
 
-from projector import hashkey
-from projector.api import SECRETS, Obj, Request
+from projector.client.api import Request
 from projector.config import Config
-from projector.errors import ProjectorError, ServerError
-from projector.metrics import Metrics
-from projector.model import (
+from projector.control import hashkey
+from projector.control.writer import Writer
+from projector.core.desired import Desired, desired_copy
+from projector.core.kinds import SECRETS, Obj
+from projector.core.model import (
     HASH_ANNOTATION,
     HASH_KEY_SECRET,
     MANAGED_BY_LABEL,
@@ -28,10 +29,12 @@ from projector.model import (
     content_bytes,
     content_hash,
 )
-from projector.reconcile import Action, Desired, desired_copy, plan
-from projector.rollout import decide, seen_key, stamp_key, stamp_of
-from projector.status import Result
-from projector.writer import Writer
+from projector.core.plans import Action
+from projector.core.reconcile import plan
+from projector.core.status import Result
+from projector.errors import ProjectorError, ServerError
+from projector.rollout.wing import decide, seen_key, stamp_key, stamp_of
+from projector.telemetry.metrics import Metrics
 from tests.unit.factories import (
     b64,
     copy_from,

@@ -1,4 +1,4 @@
-"""`projector.http1` on a loopback server that answers as the test scripts it.
+"""`projector.client.http1` on a loopback server that answers as the test scripts it.
 
 What the API server never does on demand (stall, answer garbage, drop a connection mid-body)
 is scripted here; the transport's ordinary path is tested on the real API server
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from projector import http1
-from projector.connection import tcp_socket
+from projector.client import http1
+from projector.client.connection import tcp_socket
 
 pytestmark = pytest.mark.both_loops  # the controller runs on uvloop, whose transports differ
 

@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 import structlog.testing
 
-from projector.api import SECRETS, Api, Obj
+from projector.cache.caches import Cache, Kind, Spec
+from projector.cache.informer import Informer
+from projector.client.api import Api
+from projector.core.kinds import SECRETS, Obj
 from projector.errors import Forbidden, Gone, ServerError, TooManyRequests
-from projector.informer import Informer
-from projector.store import Cache, Kind, Spec
 
 
 def obj(name: str, rv: str, v: str = "x") -> Obj:
@@ -363,7 +364,7 @@ async def test_refusals_just_after_an_outage_keep_the_short_cap(
 ) -> None:
     """A server back from an outage answers 403 while its authorizer warms up: part of the
     outage, so the retries stay at the unreachable cap, not doubling towards backoff[1]."""
-    import projector.informer as informer_module
+    import projector.cache.informer as informer_module
 
     monkeypatch.setattr(informer_module, "UNREACHABLE_RETRY_MAX", 0.01)
     errors = [ServerError(0, "ClientConnectorError")] + [Forbidden(403, "Forbidden")] * 4
@@ -379,7 +380,7 @@ async def test_a_429_just_after_an_outage_waits_less_than_its_whole_second_of_re
     """A restarted server answers the first request for a custom resource with a 429 "storage
     is (re)initializing", Retry-After 1 s, while that resource's cache fills (milliseconds):
     part of the outage, so the informer retries sooner, doubling up to the Retry-After."""
-    import projector.informer as informer_module
+    import projector.cache.informer as informer_module
 
     monkeypatch.setattr(informer_module, "UNREACHABLE_RETRY_MAX", 0.01)
     monkeypatch.setattr(informer_module, "WARMING_RETRY", 0.01)
@@ -394,7 +395,7 @@ async def test_a_429_of_a_server_that_was_answering_waits_its_whole_retry_after(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Not after an outage (the server answered the last request): Retry-After is the wait."""
-    import projector.informer as informer_module
+    import projector.cache.informer as informer_module
 
     monkeypatch.setattr(informer_module, "WARMING_RETRY", 0.01)
     retries, _ = await retried({(1, 0): TooManyRequests(429, "TooManyRequests", retry_after=0.05)})

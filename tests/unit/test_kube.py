@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from projector import api, kube
-from projector.api import SECRETS
+from projector.client import api, kube
+from projector.core.kinds import SECRETS
 from projector.errors import ServerError
 from tests.controlplane.plane import free_port
 from tests.support import python_runs
@@ -51,7 +51,7 @@ def test_kr8s_credentials_load_without_the_rest_of_kr8s() -> None:
     """The controller gets kr8s's KubeAuth, not its package (httpx, rich: 15 MiB of RSS), and a
     later `import kr8s` still loads the whole real package."""
     code = (
-        "import sys; import projector.kube as k; "
+        "import sys; import projector.client.kube as k; "
         "assert 'httpx' not in sys.modules and 'kr8s' not in sys.modules, sorted(sys.modules); "
         "import kr8s, kr8s._auth; "
         "assert kr8s.__version__ and hasattr(kr8s, 'objects'); "

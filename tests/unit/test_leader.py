@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from projector.api import LEASES
 from projector.config import Timings
+from projector.control.leader import LEASE_NAME, Elector
+from projector.core.kinds import LEASES
 from projector.errors import Fenced, ServerError
-from projector.leader import LEASE_NAME, Elector
-from projector.metrics import Metrics
+from projector.telemetry.metrics import Metrics
 from tests.unit.fakeapi import FakeApi
 
 NS = "projector-system"

@@ -10,7 +10,7 @@ import json
 import pytest
 import structlog
 
-from projector.logs import configure_logging
+from projector.telemetry.logs import configure_logging
 from tests.support import python_runs
 
 CANARY = "local-canary-5d1e"
@@ -51,7 +51,7 @@ def test_no_local_is_rendered_even_when_rich_loads_before_projector() -> None:
 import io, json, sys
 import rich, structlog
 import projector.app
-from projector.logs import configure_logging
+from projector.telemetry.logs import configure_logging
 
 class Tty(io.StringIO):
     def isatty(self): return True

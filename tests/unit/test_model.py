@@ -13,11 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from projector.errors import InvalidGrant
-from projector.grantspec import parse_grant, parse_grant_record
-from projector.model import (
+from projector.core.grantspec import parse_grant, parse_grant_record
+from projector.core.model import (
     EXPORT_TO_ANNOTATION,
-    FIELD_MANAGER,
     GRANT_UID_ANNOTATION,
     HASH_ANNOTATION,
     MANAGED_BY_LABEL,
@@ -39,6 +37,8 @@ from projector.model import (
     parse_namespace,
     parse_source,
 )
+from projector.core.names import FIELD_MANAGER
+from projector.errors import InvalidGrant
 from tests.unit.factories import BY_HAND, b64, make_grant, make_source, stored_secret
 
 # -- parse_grant -----------------------------------------------------------------------------------
@@ -1087,7 +1087,7 @@ def test_an_ignored_export_to_entry_is_never_matched() -> None:
 
 def test_copies_with_equal_metadata_share_one_object_and_equal_strings() -> None:
     """10,000 copies of 1,000 grants keep 1,000 label and annotation maps, not 10,000."""
-    from projector.model import parse_copy
+    from projector.core.model import parse_copy
 
     def raw(ns: str, uid: str) -> dict[str, object]:
         return {
@@ -1115,7 +1115,7 @@ def test_copies_with_equal_metadata_share_one_object_and_equal_strings() -> None
 
 
 def test_a_grant_records_status_is_kept_equal_with_its_strings_interned() -> None:
-    from projector.model import interned
+    from projector.core.model import interned
 
     status = {"conditions": [{"type": "".join(["Re", "ady"]), "observedGeneration": 2}], "x": []}
     out = interned(status)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from projector.api import Obj
+from projector.control.notices import EXPORT_TO_IGNORED, PENDING, Notices
+from projector.control.recorder import Recorder
+from projector.core.kinds import Obj
+from projector.core.model import ObjectKey, Uid
+from projector.core.status import Event
 from projector.errors import Fenced
-from projector.model import ObjectKey, Uid
-from projector.notices import EXPORT_TO_IGNORED, PENDING, Notices
-from projector.recorder import Recorder
-from projector.status import Event
 from tests.unit.factories import make_source
 
 

@@ -28,8 +28,9 @@ from typing import Any
 
 import pytest
 
-from projector.grantspec import parse_grant
-from projector.model import (
+from projector.core.desired import desired_copy
+from projector.core.grantspec import parse_grant
+from projector.core.model import (
     GRANT_LABEL,
     GRANT_UID_ANNOTATION,
     MANAGED_BY_LABEL,
@@ -44,10 +45,11 @@ from projector.model import (
     parse_namespace,
     parse_source,
 )
-from projector.model import Grant as ProductGrant
-from projector.model import Namespace as ProductNamespace
-from projector.model import Source as ProductSource
-from projector.reconcile import Action, Snapshot, SourceState, desired_copy, plan
+from projector.core.model import Grant as ProductGrant
+from projector.core.model import Namespace as ProductNamespace
+from projector.core.model import Source as ProductSource
+from projector.core.plans import Action, Snapshot, SourceState
+from projector.core.reconcile import plan
 from tests.model import oracle
 from tests.model.oracle import ABSENT, DELETE, RETAIN, Grant, Key, Namespace, Source, World
 from tests.unit.factories import make_grant, make_source, stored_manifest, stored_secret
@@ -116,7 +118,7 @@ def stored_copy(place: Key, c: oracle.Copy) -> Copy:
 
 
 def oracle_policy(value: str, *, deleted: bool = False) -> Any:
-    from projector.model import OnRevoke, OnSourceDeleted
+    from projector.core.model import OnRevoke, OnSourceDeleted
 
     return OnSourceDeleted(value) if deleted else OnRevoke(value)
 

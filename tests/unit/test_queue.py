@@ -22,7 +22,7 @@ from hypothesis.stateful import (
 )
 
 from projector.config import Config
-from projector.queue import QueueShutDown, WorkQueue
+from projector.control.queue import QueueShutDown, WorkQueue
 
 
 class FakeClock:

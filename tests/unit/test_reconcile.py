@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from projector.model import (
-    FIELD_MANAGER,
+from projector.core.desired import desired_copy
+from projector.core.model import (
     GRANT_LABEL,
     GRANT_METADATA_ANNOTATION,
     GRANT_UID_ANNOTATION,
@@ -40,16 +40,9 @@ from projector.model import (
     own_metadata,
     parse_copy,
 )
-from projector.reconcile import (
-    Action,
-    Plan,
-    Reason,
-    Snapshot,
-    SourceState,
-    Step,
-    desired_copy,
-    plan,
-)
+from projector.core.names import FIELD_MANAGER
+from projector.core.plans import Action, Plan, Reason, Snapshot, SourceState, Step
+from projector.core.reconcile import plan
 from tests.unit.factories import (
     BY_HAND,
     SRC_NAME,

@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from projector.api import EVENTS, Obj, Request
+from projector.client.api import Request
+from projector.control.recorder import EVENTS_NS, Recorder
+from projector.control.writer import Writer
+from projector.core.kinds import EVENTS, Obj
+from projector.core.model import GrantRecord, Uid
+from projector.core.status import Event
 from projector.errors import NotFound, ServerError
-from projector.metrics import Metrics
-from projector.model import GrantRecord, Uid
-from projector.recorder import EVENTS_NS, Recorder
-from projector.status import Event
-from projector.writer import Writer
+from projector.telemetry.metrics import Metrics
 from tests.unit.fakeapi import FakeApi
 
 REC = GrantRecord("g", Uid("uid-g"), 1, None, "bad")

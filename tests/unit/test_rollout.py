@@ -13,12 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from projector import config
-from projector.api import DEPLOYMENTS, EVENTS
-from projector.metrics import Metrics
-from projector.model import GRANT_LABEL, GRANT_UID_ANNOTATION, HASH_ANNOTATION, GrantRecord
-from projector.queue import WorkQueue
-from projector.recorder import Recorder
-from projector.rollout import (
+from projector.cache.store import Store
+from projector.control.queue import WorkQueue
+from projector.control.recorder import Recorder
+from projector.control.writer import Writer
+from projector.core.kinds import DEPLOYMENTS, EVENTS
+from projector.core.model import GRANT_LABEL, GRANT_UID_ANNOTATION, HASH_ANNOTATION, GrantRecord
+from projector.rollout.wing import (
     ROLLOUT_ON,
     Decision,
     OptedIn,
@@ -36,8 +37,7 @@ from projector.rollout import (
     stamp_key,
     stamp_of,
 )
-from projector.store import Store
-from projector.writer import Writer
+from projector.telemetry.metrics import Metrics
 from tests.unit.factories import copy_from, desired_of, make_grant, make_source
 from tests.unit.fakeapi import FakeApi
 

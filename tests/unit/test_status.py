@@ -10,18 +10,10 @@ from typing import Any
 
 import pytest
 
-from projector.model import Grant, OnSourceDeleted
-from projector.reconcile import (
-    FAILURE_REASONS,
-    Action,
-    Outcome,
-    Plan,
-    Reason,
-    SourceState,
-    Step,
-    plan,
-)
-from projector.status import (
+from projector.core.model import Grant, OnSourceDeleted
+from projector.core.plans import FAILURE_REASONS, Action, Outcome, Plan, Reason, SourceState, Step
+from projector.core.reconcile import plan
+from projector.core.status import (
     FAILURE_ORDER,
     FAILURES_OMITTED,
     MAX_FAILURES,

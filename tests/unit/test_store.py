@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 
-from projector import probe
-from projector.api import GRANTS, NAMESPACES, SECRETS, Obj
-from projector.errors import ServerError
-from projector.model import (
+from projector.cache import probe
+from projector.cache.caches import Cache, Kind
+from projector.cache.store import Echo, Store
+from projector.core.desired import Desired, desired_copy
+from projector.core.kinds import GRANTS, NAMESPACES, SECRETS, Obj
+from projector.core.model import (
     EXPORT_LABEL,
     EXPORT_TO_ANNOTATION,
     GRANT_LABEL,
@@ -22,8 +24,9 @@ from projector.model import (
     MANAGED_BY_VALUE,
     ObjectKey,
 )
-from projector.reconcile import Desired, Snapshot, SourceState, desired_copy, plan
-from projector.store import Cache, Echo, Kind, Store
+from projector.core.plans import Snapshot, SourceState
+from projector.core.reconcile import plan
+from projector.errors import ServerError
 from tests.unit.factories import managed_fields
 from tests.unit.fakeapi import FakeApi
 

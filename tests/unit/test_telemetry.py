@@ -25,13 +25,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
-from projector.api import GRANTS, NAMESPACES, SECRETS
-from projector.controller import Controller
-from projector.endpoints import metrics_app
-from projector.logs import configure_logging, log_processors
-from projector.metrics import Metrics
-from projector.status import Result
-from projector.tracing import trace_id
+from projector.control.controller import Controller
+from projector.core.kinds import GRANTS, NAMESPACES, SECRETS
+from projector.core.status import Result
+from projector.telemetry.endpoints import metrics_app
+from projector.telemetry.logs import configure_logging, log_processors
+from projector.telemetry.metrics import Metrics
+from projector.telemetry.tracing import trace_id
 from tests.support import eventually, python_runs
 from tests.unit.fakeapi import FakeApi
 from tests.unit.test_controller import controller
@@ -129,7 +129,8 @@ def test_the_controller_loads_structlog_without_rich_and_rich_stays_importable()
     """rich (3 MiB of RSS, there only for the CEL package's command line) is not loaded with
     the controller; a console line still shows an exception's traceback; `import rich` works."""
     code = (
-        "import io, sys; import projector.app; from projector.logs import configure_logging; "
+        "import io, sys; import projector.app; "
+        "from projector.telemetry.logs import configure_logging; "
         "assert 'rich' not in sys.modules, sorted(m for m in sys.modules if 'rich' in m); "
         "import structlog\n"
         "class T(io.StringIO):\n"
@@ -266,7 +267,7 @@ def test_spans_are_exported_over_otlp_only_when_an_endpoint_is_set(
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     from projector import __version__
-    from projector.tracing import BoundedSpanProcessor, configure_tracing
+    from projector.telemetry.tracing import BoundedSpanProcessor, configure_tracing
 
     def exporters(tracer: Any) -> list[Any]:
         processors = tracer.span_processor._span_processors
@@ -335,7 +336,7 @@ def _end_spans(processor: Any, n: int) -> None:
 
 
 def test_with_the_receiver_stuck_spans_beyond_the_queue_are_dropped_and_counted() -> None:
-    from projector.tracing import BoundedSpanProcessor
+    from projector.telemetry.tracing import BoundedSpanProcessor
 
     metrics = Metrics()
     receiver = _StuckReceiver()
@@ -357,7 +358,7 @@ def test_with_the_receiver_stuck_spans_beyond_the_queue_are_dropped_and_counted(
 
 
 def test_shutdown_is_bounded_while_the_receiver_never_answers() -> None:
-    from projector.tracing import BoundedSpanProcessor
+    from projector.telemetry.tracing import BoundedSpanProcessor
 
     receiver = _StuckReceiver()
     receiver.shutdown = lambda: None  # type: ignore[method-assign]  # not even shutdown frees it
@@ -375,7 +376,7 @@ def test_shutdown_is_bounded_while_the_receiver_never_answers() -> None:
 
 
 def test_a_failed_export_pauses_exporting_so_a_dead_receiver_costs_nothing_per_batch() -> None:
-    from projector.tracing import EXPORT_PAUSE, _CountingExporter
+    from projector.telemetry.tracing import EXPORT_PAUSE, _CountingExporter
 
     class Receiver(SpanExporter):
         def __init__(self) -> None:
@@ -406,7 +407,7 @@ def test_a_failed_export_pauses_exporting_so_a_dead_receiver_costs_nothing_per_b
 
 
 def test_no_trace_is_started_while_exporting_is_paused_and_each_is_counted() -> None:
-    from projector.tracing import WhileExporting
+    from projector.telemetry.tracing import WhileExporting
 
     paused = [False]
     metrics = Metrics()

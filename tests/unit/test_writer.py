@@ -13,8 +13,14 @@ from typing import Any
 import orjson
 import pytest
 
-from projector.api import EVENTS, GRANTS, SECRETS, Obj, Request
-from projector.desired import Bodies
+from projector.client.api import Request
+from projector.client.retries import MAX_RETRY_AFTER, Retries, retry_delay
+from projector.control.writer import Writer, _Budget
+from projector.core.desired import Bodies
+from projector.core.kinds import EVENTS, GRANTS, SECRETS, Obj
+from projector.core.model import Copy, ObjectKey, SourceKind, parse_copy
+from projector.core.plans import Action, Plan, Reason
+from projector.core.reconcile import plan
 from projector.errors import (
     ApiError,
     Conflict,
@@ -25,11 +31,7 @@ from projector.errors import (
     ServerError,
     TooManyRequests,
 )
-from projector.metrics import Metrics
-from projector.model import Copy, ObjectKey, SourceKind, parse_copy
-from projector.reconcile import Action, Plan, Reason, plan
-from projector.retries import MAX_RETRY_AFTER, Retries, retry_delay
-from projector.writer import Writer, _Budget
+from projector.telemetry.metrics import Metrics
 from tests.unit.factories import (
     SRC_NAME,
     SRC_NS,
