@@ -52,8 +52,12 @@ class ApiError(ProjectorError):
 
     @property
     def transient(self) -> bool:
-        """Tell whether retrying the same request later may succeed."""
-        return self.status in (0, 409, 429) or self.status >= 500
+        """Tell whether it is the server's trouble, so the same request may succeed later.
+
+        No answer, a 429 or a 5xx. A 409 is not: it is about the request (a stale
+        resourceVersion, a precondition), which only a fresh plan mends.
+        """
+        return self.status in (0, 429) or self.status >= 500
 
 
 class AuthenticationFailed(ApiError):

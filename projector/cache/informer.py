@@ -50,6 +50,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 
 from projector.cache.caches import Cache
 from projector.client.api import Api
+from projector.client.retries import backoff, retry_after
 from projector.core.kinds import Obj
 from projector.errors import ApiError, Gone, TooManyRequests
 
@@ -206,18 +207,17 @@ class Informer(Generic[K, T]):
         # `backoff[1]` (or a whole second of Retry-After) that would delay the recovery.
         warming = self._unreachable and status in (401, 403, 429)
         if isinstance(error, TooManyRequests):  # the server said when (APF, starting up)
-            asked = min(float(error.retry_after), maximum)
+            asked = retry_after(error, cap=maximum)
             if not warming:
                 self._warming_429s = 0
                 return asked
             self._warming_429s += 1
-            return min(asked, WARMING_RETRY * 2.0 ** (self._warming_429s - 1))
+            return backoff(self._warming_429s, WARMING_RETRY, asked, jitter=0)
         unreachable = status == 0 or warming
         if unreachable != self._unreachable:
             self._unreachable, state.attempt_number = unreachable, 1
         cap = UNREACHABLE_RETRY_MAX if unreachable else maximum
-        base = min(initial, cap)
-        return min(cap, base * 2.0 ** (state.attempt_number - 1) + random.uniform(0, base))
+        return backoff(state.attempt_number, min(initial, cap), cap)
 
     def _failed(self, state: RetryCallState) -> None:
         """Before a retry's sleep: the cache may be behind now; say so and why."""

@@ -49,6 +49,7 @@ from projector import __version__
 from projector.client import http1, wire
 from projector.client.api import Api, Request
 from projector.client.connection import IDLE_RECYCLE, POOL, TokenBucket, tcp_socket
+from projector.client.retries import backoff
 from projector.core.kinds import Obj, Resource
 from projector.errors import (
     AuthenticationFailed,
@@ -276,8 +277,7 @@ class Kube(Api):
             await self._auth.reauthenticate()
         except Exception as e:  # kr8s raises anything from ValueError up
             self._reauth_failures += 1
-            first, cap = REAUTH_BACKOFF
-            wait = min(cap, first * 2.0 ** (self._reauth_failures - 1))
+            wait = backoff(self._reauth_failures, *REAUTH_BACKOFF)
             self._reauth_not_before = time.monotonic() + wait
             log.error(
                 "re-authentication failed",

@@ -1,9 +1,11 @@
-"""How writes are retried: which API errors are worth another try, and how long each waits.
+"""The one retry rule: which API errors are worth another try, and how long each waits.
 
-A 429's Retry-After is obeyed (capped); other transient errors back off exponentially with
-jitter. Copy writes retry in a loop of their own (`writer.Writer`, once per write: tenacity's
-per-call work cost too much there); status writes, once per reconcile at most, take the
-tenacity policy `status_retrying`.
+A 429's Retry-After is obeyed (capped); anything else backs off exponentially with jitter
+(`backoff`). Every retrier takes its waits from here: copy writes (a loop of their own in
+`writer.Writer`, once per write: tenacity's per-call work cost too much there), status writes
+(the tenacity policy `status_retrying`), the hash key, the informers, the elector's campaign,
+the client's re-authentication, and the work queue's per-key backoff (without jitter: its
+clock is injected and its tests exact).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from tenacity import (
     RetryCallState,
     retry_if_exception,
     stop_after_attempt,
-    wait_exponential_jitter,
 )
 
 from projector.errors import ApiError, Conflict, TooManyRequests
@@ -29,31 +30,51 @@ MAX_RETRY_AFTER = 10.0
 """Cap on a 429's Retry-After: a server asking for minutes must not stall a worker that long."""
 
 
-def retry_after(error: ApiError) -> float:
+_MAX_EXPONENT = 64
+"""2.0**64 times any sane first wait exceeds any sane cap; avoids an overflow."""
+
+
+def backoff(attempt: int, initial: float, maximum: float, jitter: float | None = None) -> float:
+    """The one backoff: the wait after failed try `attempt` (1, 2, ...).
+
+    `initial` doubling per attempt, plus up to `jitter` (default: `initial`) at random, never
+    above `maximum`.
+    """
+    grown = initial * 2.0 ** min(attempt - 1, _MAX_EXPONENT)
+    spread = initial if jitter is None else jitter
+    return min(maximum, grown + (random.uniform(0, spread) if spread > 0 else 0.0))
+
+
+def retry_after(error: BaseException | None, cap: float = MAX_RETRY_AFTER) -> float:
     """How long the server asked us to wait (a 429's Retry-After, capped); 0 if it did not."""
     if isinstance(error, TooManyRequests):
-        return min(float(error.retry_after), MAX_RETRY_AFTER)
+        return min(float(error.retry_after), cap)
     return 0.0
 
 
-def retry_delay(error: ApiError, attempt: int, initial: float, maximum: float) -> float:
-    """Before retry `attempt` (1, 2, ...): a 429's Retry-After (capped), else backoff + jitter."""
+def retry_delay(
+    error: BaseException | None,
+    attempt: int,
+    initial: float,
+    maximum: float,
+    *,
+    jitter: float | None = None,
+    retry_after_cap: float = MAX_RETRY_AFTER,
+) -> float:
+    """Before retry `attempt` (1, 2, ...): a 429's Retry-After (capped), else `backoff`."""
     if isinstance(error, TooManyRequests):
-        return retry_after(error)
-    return min(initial * 2.0 ** (attempt - 1), maximum) + random.uniform(0, initial)
+        return retry_after(error, retry_after_cap)
+    return backoff(attempt, initial, maximum, jitter)
 
 
-def transient(e: ApiError) -> bool:
-    """A copy write worth trying again: transient, but never a 409 (the plan is stale)."""
-    return e.transient and not isinstance(e, Conflict)
+def status_retryable(e: BaseException) -> bool:
+    """A status write worth trying again: a transient API error, or a 409.
 
-
-def _retryable_status_error(e: BaseException) -> bool:
-    """A status write worth trying again: transient API errors (5xx, no response, 429, 409).
-
-    A fence (`Fenced`) or a bug is not an `ApiError` and is never retried.
+    A merge patch carries no precondition, so a 409 from one is the server's own race, not a
+    stale plan (copy writes, which do carry one, never retry a 409). A fence (`Fenced`) or a
+    bug is not an `ApiError` and is never retried.
     """
-    return isinstance(e, ApiError) and e.transient
+    return isinstance(e, ApiError) and (e.transient or isinstance(e, Conflict))
 
 
 @dataclass(frozen=True)
@@ -76,13 +97,10 @@ def status_retrying(retries: Retries) -> AsyncRetrying:
     logged with its attempt number. The last error is re-raised to the caller.
     """
     attempts, (first, cap) = retries.attempts, retries.backoff
-    exponential = wait_exponential_jitter(multiplier=first, max=cap, jitter=first)
 
     def wait(state: RetryCallState) -> float:
         error = state.outcome.exception() if state.outcome is not None else None
-        if isinstance(error, TooManyRequests):
-            return retry_after(error)
-        return float(exponential(state))
+        return retry_delay(error, state.attempt_number, first, cap)
 
     def logged(state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome is not None else None
@@ -97,7 +115,7 @@ def status_retrying(retries: Retries) -> AsyncRetrying:
     return AsyncRetrying(
         stop=stop_after_attempt(attempts),
         wait=wait,
-        retry=retry_if_exception(_retryable_status_error),
+        retry=retry_if_exception(status_retryable),
         before_sleep=logged,
         reraise=True,
     )

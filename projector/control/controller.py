@@ -38,10 +38,10 @@ from projector.control.conflicts import ConflictWatches
 from projector.control.queue import WorkQueue
 from projector.control.recorder import Recorder, timestamp
 from projector.control.writer import Writer
-from projector.core import reconcile, status
+from projector.core import plans, reconcile, status
 from projector.core.desired import Desired, Echo
 from projector.core.model import Copy, GrantRecord, HashKey
-from projector.core.status import Result
+from projector.core.plans import Result, Verdict
 from projector.errors import Fenced
 from projector.telemetry.metrics import Metrics
 from projector.telemetry.tracing import trace_id
@@ -230,17 +230,17 @@ class Controller:
                 verdict = await self._reconcile(name)
             except Fenced:  # the lease ran out: app stops these workers; the replica campaigns
                 log.warning("write refused: this replica no longer holds the lease", grant=name)
-                verdict = status.Verdict(Result.ERROR)
+                verdict = Verdict(Result.ERROR)
             except Exception:
                 log.exception("reconcile crashed", grant=name)
-                verdict = status.Verdict(Result.ERROR)
+                verdict = Verdict(Result.ERROR)
             self._requeue(name, verdict)
             self.metrics.reconciled(verdict.result, name)
             log.debug("reconcile ended", grant=name, result=verdict.result.value)
             self.queue.done(name)
             await asyncio.sleep(0)  # a reconcile without I/O must not starve the informers
 
-    def _requeue(self, name: str, verdict: status.Verdict) -> None:
+    def _requeue(self, name: str, verdict: Verdict) -> None:
         """Hand the verdict to the queue, which owns retry timing; export what it decided."""
         result = verdict.result
         if result is Result.ERROR:
@@ -259,10 +259,10 @@ class Controller:
         """Reconcile one grant name, and say what the queue should do with it next."""
         return (await self._reconcile(name)).result
 
-    async def _reconcile(self, name: str) -> status.Verdict:
+    async def _reconcile(self, name: str) -> Verdict:
         key = self.hash_key
         if key is None or not self.store.healthy():  # no plan without the key (`run` reads it)
-            return status.Verdict(Result.UNHEALTHY)
+            return Verdict(Result.UNHEALTHY)
         started = time.monotonic()
         since = self.metrics.started(name, started)
         rid = f"{next(self._ids)}"
@@ -280,18 +280,18 @@ class Controller:
                 self.conflicts.forget(name)
                 invalid = status.invalid(rec)
                 if not await self._report(rec, invalid, status.events((), rec.status, invalid)):
-                    return status.Verdict(Result.ERROR)
-                return status.Verdict(Result.OK)
+                    return Verdict(Result.ERROR)
+                return Verdict(Result.OK)
             plan = self.conflicts.foresee(reconcile.plan(snap, key))  # no create refused twice
             self._want(name, plan.desired)
             outcomes = await self.writer.execute(plan)
             self.conflicts.record(name, plan, outcomes)
             self.metrics.observe(plan, outcomes, since, time.monotonic())
-            verdict = status.verdict(plan, outcomes)
+            verdict = plans.verdict(plan, outcomes)
             if rec is not None:
                 new = status.compute(plan, outcomes)
                 if not await self._report(rec, new, status.events(outcomes, rec.status, new)):
-                    verdict = status.Verdict(Result.ERROR, verdict.retry_after)  # stale status
+                    verdict = Verdict(Result.ERROR, verdict.retry_after)  # stale status
             else:
                 self.metrics.grant_ready(name, None)  # the grant is gone: it no longer counts
             self.metrics.reconcile_took(time.monotonic() - started)

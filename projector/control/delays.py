@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Final, Generic, TypeVar
 
+from projector.client.retries import backoff
+
 K = TypeVar("K", bound=Hashable)
 
-_MAX_BACKOFF_EXPONENT: Final = 64  # 2.0**64 * any sane base exceeds any sane cap; avoids overflow
 COMPACT_SLACK: Final = 64
 """Stale entries a lazily cleaned table may hold beyond twice its live ones before a rebuild."""
 
@@ -37,8 +38,7 @@ class Backoff(Generic[K]):
 
     def delay(self, failures: int) -> float:
         """The delay after `failures` earlier failures: doubling from the base, capped."""
-        exponent = min(failures, _MAX_BACKOFF_EXPONENT)
-        return min(self._base * 2.0**exponent, self._max)
+        return backoff(failures + 1, self._base, self._max, jitter=0)
 
     def forget(self, key: K) -> None:
         """Reset the count of `key`, after it succeeded or was deleted."""

@@ -22,8 +22,9 @@ Every replica runs its informers; only the holder of the Lease `projector-leader
   `app` stops the workers (the caches stay warm), and the replica campaigns again. An API
   server outage therefore costs a leadership term, never a restart: back, the replica (or a
   standby) wins the Lease and reconciles every grant from its warm caches.
-- Retries are tenacity's: the campaign retries for ever, every `retry_period` plus up to
-  `JITTER` of it (candidates do not move in lockstep), on the error tree (`ApiError`, a
+- Retries are tenacity's, their waits `retries.retry_delay`'s: the campaign retries for ever,
+  every `retry_period` plus up to `JITTER` of it (candidates do not move in lockstep), or a
+  429's Retry-After, on the error tree (`ApiError`, a
   timeout) and on "held by someone else"; a renewal retries on the error tree until the renew
   deadline. Every failed attempt is logged and counted. While the server is unreachable, a sign
   of life from it (`nudge`, called when an informer's watch or list succeeds again) ends the
@@ -47,10 +48,10 @@ from tenacity import (
     retry_if_exception_type,
     stop_never,
     wait_fixed,
-    wait_random,
 )
 
 from projector.client.api import Api
+from projector.client.retries import retry_delay
 from projector.config import Timings
 from projector.core.kinds import LEASES, Obj
 from projector.errors import ApiError, Conflict, Fenced, NotFound, ProjectorError
@@ -140,10 +141,9 @@ class Elector:
 
     async def _campaign(self) -> None:
         """Retry acquiring until it succeeds (tenacity: jittered fixed wait, never stops)."""
-        retry_period = self.timings.retry_period
         async for attempt in AsyncRetrying(
             stop=stop_never,
-            wait=wait_fixed(retry_period) + wait_random(0, retry_period * JITTER),
+            wait=self._campaign_wait,
             retry=retry_if_exception_type(_RETRIED),
             before_sleep=self._failed("campaign"),
             sleep=self._nudgeable_sleep,
@@ -151,6 +151,12 @@ class Elector:
         ):
             with attempt:
                 await self._acquire_or_renew()
+
+    def _campaign_wait(self, state: RetryCallState) -> float:
+        """`retry_period` plus up to `JITTER` of it, or a 429's Retry-After (the one rule)."""
+        period = self.timings.retry_period
+        error = state.outcome.exception() if state.outcome is not None else None
+        return retry_delay(error, 1, period, period * (1 + JITTER), jitter=period * JITTER)
 
     async def _hold(self) -> None:
         """Renew every retry period; return once a renewal cannot land before the deadline."""

@@ -35,8 +35,8 @@ from projector.client.retries import (
     Retries,
     retry_after,
     retry_delay,
+    status_retryable,
     status_retrying,
-    transient,
 )
 from projector.core.desired import Bodies
 from projector.core.kinds import BY_KIND, EVENTS, GRANTS, Obj, Resource
@@ -221,7 +221,7 @@ class Writer:
             try:
                 return await self._attempt(plan, step, bodies, size)
             except ApiError as e:
-                if not transient(e):
+                if not e.transient:
                     raise
                 await asyncio.sleep(retry_delay(e, attempt, *self._retries.backoff))
         return await self._attempt(plan, step, bodies, size)
@@ -347,7 +347,7 @@ class Writer:
                     "status write failed; the grant is retried with backoff",
                     status=e.status,
                     reason=e.reason,
-                    attempts=self._status_retries.attempts if e.transient else 1,
+                    attempts=self._status_retries.attempts if status_retryable(e) else 1,
                 )
                 return False
             span.set_attribute("result", "ok")

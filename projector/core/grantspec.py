@@ -12,6 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from projector.core.model import (
+    DEFAULT_ON_REVOKE,
+    DEFAULT_ON_SOURCE_DELETED,
+    DEFAULT_SOURCE_KIND,
     GROUP,
     MAX_ANNOTATION_VALUE,
     PREFIX,
@@ -59,7 +62,7 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
     if not src.get("namespace") or not src.get("name"):
         raise InvalidGrant(name, "spec.source.namespace and spec.source.name are required")
     try:
-        kind = SourceKind(src.get("kind", SourceKind.SECRET.value))
+        kind = SourceKind(src.get("kind", DEFAULT_SOURCE_KIND))
     except ValueError:
         raise InvalidGrant(name, "spec.source.kind must be Secret or ConfigMap") from None
     if not is_label(src["namespace"]) or not is_subdomain(src["name"]):
@@ -80,9 +83,9 @@ def parse_grant(obj: Mapping[str, Any]) -> Grant:
             raise InvalidGrant(name, f"target namespace {ns!r} is not a DNS-1123 label")
     labels, annotations = _parse_metadata(target, name)
     try:
-        on_revoke = OnRevoke(policy.get("onRevoke", OnRevoke.DELETE.value))
+        on_revoke = OnRevoke(policy.get("onRevoke", DEFAULT_ON_REVOKE))
         on_source_deleted = OnSourceDeleted(
-            policy.get("onSourceDeleted", OnSourceDeleted.RETAIN.value)
+            policy.get("onSourceDeleted", DEFAULT_ON_SOURCE_DELETED)
         )
     except ValueError as e:
         raise InvalidGrant(name, str(e)) from None

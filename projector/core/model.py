@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NamedTuple, NewType
+from typing import Any, Final, NamedTuple, NewType
 
 import orjson
 
@@ -113,6 +113,13 @@ class OnSourceDeleted(StrEnum):
     DELETE = "Delete"
 
 
+DEFAULT_SOURCE_KIND: Final = SourceKind.SECRET
+DEFAULT_ON_REVOKE: Final = OnRevoke.DELETE
+DEFAULT_ON_SOURCE_DELETED: Final = OnSourceDeleted.RETAIN
+"""The policy defaults, written once: the grant parser and `Grant` take them, and a unit test
+holds the CRD's schema defaults (what the API server fills in) to them."""
+
+
 @dataclass(frozen=True, slots=True)
 class KeyMapping:
     """One projected key: source key `src` lands as `dst` in the copy."""
@@ -163,8 +170,8 @@ class Grant:
     selector: LabelSelector | None
     labels: tuple[tuple[str, str], ...] = ()
     annotations: tuple[tuple[str, str], ...] = ()
-    on_revoke: OnRevoke = OnRevoke.DELETE
-    on_source_deleted: OnSourceDeleted = OnSourceDeleted.RETAIN
+    on_revoke: OnRevoke = DEFAULT_ON_REVOKE
+    on_source_deleted: OnSourceDeleted = DEFAULT_ON_SOURCE_DELETED
     deleting: bool = False
 
     @property

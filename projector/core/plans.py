@@ -1,11 +1,12 @@
 """The pure core's values: the snapshot a plan reads, the steps it decides, their outcomes.
 
-Also the codes they carry (`SourceState`, `Action`, `Reason`): status, Events and metrics name them.
+Also the codes they carry (`SourceState`, `Action`, `Reason`): status, Events and metrics name
+them; and the verdict the outcomes give the work queue (`verdict`: done, retry, recheck).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -169,3 +170,45 @@ class Snapshot:
     """The cached grant object behind `grant` (its stored status), or why it is invalid."""
     protected: AbstractSet[str] = frozenset()
     """Namespaces never written into, whatever the grant targets (`Config.protected`)."""
+
+
+class Result(StrEnum):
+    """What a reconcile tells the work queue (controller-runtime's Result, as data)."""
+
+    OK = "success"
+    """Done: forget the key's failures."""
+    RECHECK = "recheck"
+    """Done, but look again later: a conflicting object is not cached, so no event will come."""
+    ERROR = "error"
+    """Retry with per-key exponential backoff."""
+    UNHEALTHY = "requeue"
+    """A cache may be behind the server: nothing was done; retry shortly."""
+
+    @property
+    def metric(self) -> str:
+        """The `result` label of projector_reconcile_total."""
+        return Result.OK.value if self is Result.RECHECK else self.value
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the work queue should do with a grant after its reconcile.
+
+    `retry_after` is the longest wait the server asked of a throttled write (Retry-After): the
+    queue's backoff for an ERROR never cuts it short.
+    """
+
+    result: Result
+    retry_after: float = 0.0
+
+
+def verdict(plan: Plan, outcomes: Sequence[Outcome]) -> Verdict:
+    """Retry failed writes and unreadable sources; look again later at conflicts."""
+    reasons = {o.reason for o in outcomes}
+    if Reason.WRITE_FAILED in reasons or (
+        plan.grant is not None and plan.source_state is SourceState.UNKNOWN
+    ):
+        return Verdict(Result.ERROR, max((o.retry_after for o in outcomes), default=0.0))
+    if Reason.CONFLICT in reasons:
+        return Verdict(Result.RECHECK)
+    return Verdict(Result.OK)

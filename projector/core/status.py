@@ -1,4 +1,4 @@
-"""Pure: from a reconcile's outcomes to the grant's status, its Events and the queue's next step.
+"""Pure: from a reconcile's outcomes to the grant's status and its Events.
 
 The only place a status is shaped. A status is written at most once per reconcile, and only
 when it differs from the stored one (ignoring transition times), so a controller restart over
@@ -12,11 +12,19 @@ import heapq
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from projector.core.model import GrantRecord
-from projector.core.plans import FAILURE_REASONS, Action, Outcome, Plan, Reason, SourceState
+from projector.core.plans import (
+    FAILURE_REASONS,
+    Action,
+    Outcome,
+    Plan,
+    Reason,
+    Result,
+    SourceState,
+    verdict,
+)
 
 MAX_FAILURES = 20
 """Bound on status.failures, so a grant over 10,000 namespaces keeps a small status."""
@@ -56,48 +64,6 @@ def _condition(type_: str, ok: bool, reason: str, message: str, generation: int)
         "message": message,
         "observedGeneration": generation,
     }
-
-
-class Result(StrEnum):
-    """What a reconcile tells the work queue (controller-runtime's Result, as data)."""
-
-    OK = "success"
-    """Done: forget the key's failures."""
-    RECHECK = "recheck"
-    """Done, but look again later: a conflicting object is not cached, so no event will come."""
-    ERROR = "error"
-    """Retry with per-key exponential backoff."""
-    UNHEALTHY = "requeue"
-    """A cache may be behind the server: nothing was done; retry shortly."""
-
-    @property
-    def metric(self) -> str:
-        """The `result` label of projector_reconcile_total."""
-        return Result.OK.value if self is Result.RECHECK else self.value
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What the work queue should do with a grant after its reconcile.
-
-    `retry_after` is the longest wait the server asked of a throttled write (Retry-After): the
-    queue's backoff for an ERROR never cuts it short.
-    """
-
-    result: Result
-    retry_after: float = 0.0
-
-
-def verdict(plan: Plan, outcomes: Sequence[Outcome]) -> Verdict:
-    """Retry failed writes and unreadable sources; look again later at conflicts."""
-    reasons = {o.reason for o in outcomes}
-    if Reason.WRITE_FAILED in reasons or (
-        plan.grant is not None and plan.source_state is SourceState.UNKNOWN
-    ):
-        return Verdict(Result.ERROR, max((o.retry_after for o in outcomes), default=0.0))
-    if Reason.CONFLICT in reasons:
-        return Verdict(Result.RECHECK)
-    return Verdict(Result.OK)
 
 
 def _targets(matched: int = 0, projected: int = 0, conflicted: int = 0, denied: int = 0) -> Any:

@@ -23,8 +23,7 @@ from prometheus_client import (
 )
 
 from projector.core.model import HASH_ANNOTATION
-from projector.core.plans import Action, Outcome, Plan
-from projector.core.status import Result
+from projector.core.plans import Action, Outcome, Plan, Result
 from projector.telemetry.metrictable import (
     INFORMER_EVENTS,
     METRICS,

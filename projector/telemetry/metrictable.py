@@ -16,8 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 
-from projector.core.plans import Action, Reason
-from projector.core.status import Result
+from projector.core.plans import Action, Reason, Result
 from projector.telemetry.tracing import SPAN_DROPS
 
 

@@ -22,9 +22,18 @@ from projector.control.conflicts import (
 from projector.core.kinds import CONFIGMAPS, SECRETS, Obj
 from projector.core.model import SourceKind, parse_copy
 from projector.core.names import FIELD_MANAGER
-from projector.core.plans import Action, Outcome, Plan, Reason, SourceState, Step, conflict_message
+from projector.core.plans import (
+    Action,
+    Outcome,
+    Plan,
+    Reason,
+    Result,
+    SourceState,
+    Step,
+    conflict_message,
+    verdict,
+)
 from projector.core.reconcile import plan as make_plan
-from projector.core.status import Result, verdict
 from tests.unit.factories import (
     claim,
     foreign_secret,

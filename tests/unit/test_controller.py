@@ -17,7 +17,7 @@ from projector.control.recorder import Recorder
 from projector.control.writer import Writer
 from projector.core.kinds import EVENTS, GRANTS, NAMESPACES, SECRETS
 from projector.core.model import HashKey
-from projector.core.status import Result
+from projector.core.plans import Result
 from projector.errors import ServerError, TooManyRequests
 from projector.telemetry.metrics import Metrics
 from tests.unit.factories import managed_fields

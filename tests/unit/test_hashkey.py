@@ -29,9 +29,8 @@ from projector.core.model import (
     content_bytes,
     content_hash,
 )
-from projector.core.plans import Action
+from projector.core.plans import Action, Result
 from projector.core.reconcile import plan
-from projector.core.status import Result
 from projector.errors import ProjectorError, ServerError
 from projector.rollout.wing import decide, seen_key, stamp_key, stamp_of
 from projector.telemetry.metrics import Metrics

@@ -7,14 +7,19 @@ import dataclasses
 import fnmatch
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
 from projector.core.grantspec import parse_grant, parse_grant_record
 from projector.core.model import (
+    DEFAULT_ON_REVOKE,
+    DEFAULT_ON_SOURCE_DELETED,
+    DEFAULT_SOURCE_KIND,
     EXPORT_TO_ANNOTATION,
     GRANT_UID_ANNOTATION,
     HASH_ANNOTATION,
@@ -40,6 +45,12 @@ from projector.core.model import (
 from projector.core.names import FIELD_MANAGER
 from projector.errors import InvalidGrant
 from tests.unit.factories import BY_HAND, b64, make_grant, make_source, stored_secret
+
+CRD = (
+    Path(__file__).parents[2]
+    / "deploy/helm/projector/crds"
+    / "projector.nebari.dev_projectiongrants.yaml"
+)
 
 # -- parse_grant -----------------------------------------------------------------------------------
 
@@ -84,6 +95,19 @@ def test_parse_grant_defaults() -> None:
     assert g.on_revoke is OnRevoke.DELETE
     assert g.on_source_deleted is OnSourceDeleted.RETAIN
     assert g.deleting is False
+
+
+def test_the_crd_defaults_are_the_models() -> None:
+    """The policy defaults are written once, in the model: what the API server fills in (the
+    CRD's schema defaults) must say the same, or a grant would mean two things."""
+    crd = yaml.safe_load(CRD.read_text())
+    (version,) = crd["spec"]["versions"]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    policy = spec["policy"]["properties"]
+    assert spec["source"]["properties"]["kind"]["default"] == DEFAULT_SOURCE_KIND
+    assert policy["onRevoke"]["default"] == DEFAULT_ON_REVOKE
+    assert policy["onSourceDeleted"]["default"] == DEFAULT_ON_SOURCE_DELETED
+    assert parse_grant(grant_obj(policy=None)).on_revoke is DEFAULT_ON_REVOKE
 
 
 def test_parse_grant_full_spec() -> None:

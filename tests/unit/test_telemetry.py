@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from projector.control.controller import Controller
 from projector.core.kinds import GRANTS, NAMESPACES, SECRETS
-from projector.core.status import Result
+from projector.core.plans import Result
 from projector.telemetry.endpoints import metrics_app
 from projector.telemetry.logs import configure_logging, log_processors
 from projector.telemetry.metrics import Metrics
