@@ -24,7 +24,7 @@ from projector.core.model import (
     _globs_regex,
     parse_source,
 )
-from projector.rollout.wing import MAX_ROLLOUT_ON_ENTRIES, ROLLOUT_ON, rollout_on
+from projector.rollout.decide import MAX_ROLLOUT_ON_ENTRIES, ROLLOUT_ON, rollout_on
 
 BOMB = ",".join(f"-bad-{i}" for i in range(20_000))
 """The review's export-to: 240 KiB of invalid entries, under the API server's limit."""

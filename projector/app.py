@@ -44,7 +44,8 @@ from projector.control.queue import WorkQueue
 from projector.control.recorder import Recorder
 from projector.control.writer import Writer
 from projector.errors import ProjectorError
-from projector.rollout.wing import Ref, Rollouts
+from projector.rollout.decide import Ref
+from projector.rollout.wing import Rollouts
 from projector.telemetry import certs
 from projector.telemetry.access import Access
 from projector.telemetry.endpoints import health_app, metrics_app

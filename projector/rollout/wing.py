@@ -1,38 +1,19 @@
-"""Opt-in rollouts: workloads that read a copy through env vars restart when its content changes.
+"""Opt-in rollouts, the I/O: caches of the opted-in workloads, a queue, a worker that applies.
 
-A Deployment, StatefulSet or DaemonSet asks with the annotation
-`projector.nebari.dev/rollout-on: <copy>[,<copy>...]` (copies in its own namespace). When the
-content hash (the copy's `content-hash` annotation, which projector writes with the data) of a
-named copy that projector owns differs from the one its pods were started with, projector
-server-side applies, as field manager `projector-rollout`, the pod-template annotation
-`projector.nebari.dev/rollout-<copy>: <stamp>` (16 hex digits of the content hash keyed by
-the copy's uid, `stamp_of`), and the workload's own rolling update restarts the pods.
-
-The decision (`decide`) is a pure function of the cached workload and the copies' hashes; it
-compares hashes, never events, so a restart, a leader change, a resync or a relist rolls
-nothing. What the pods were started with is the template's stamp, or, before the first
-rollout, the baseline `projector.nebari.dev/seen-<copy>` on the workload's own metadata: on
-first sight projector records the hash there instead of rolling, so opting in restarts
-nothing. A rollout is never started while the last one still progresses; the newest hash goes
-out once it is done (the workload's status events wake the key). Keys wait in a work queue
-with a window of their own (--rollout-debounce, 2 s, at most --rollout-debounce-max, 10 s):
-a burst of source changes reaches a copy as a few writes seconds apart (the hot debounce),
-and those collapse into one or two rollouts, not one each.
-
-Only workloads carrying the annotation are cached, and only what the decision needs. Every
-apply carries all of projector's stamps of the workload, so server-side apply never drops one
-(a dropped template annotation would itself roll the pods). The I/O is `Rollouts`: its caches,
-the index from copy to workloads, a worker that applies and records an Event and a metric.
+What to roll and how is `decide`'s. The newest hash goes out once the last rollout is done
+(the workload's status events wake the key). Keys wait in a work queue with a window of their
+own (--rollout-debounce, 2 s, at most --rollout-debounce-max, 10 s): a burst of source changes
+reaches a copy as a few writes seconds apart (the hot debounce), and those collapse into one
+or two rollouts, not one each. Only workloads carrying the annotation are cached, and only
+what the decision needs. `Rollouts` holds the caches, the index from copy to workloads, and a
+worker that applies and records an Event and a metric.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field
-from enum import StrEnum
-from typing import Any
 
 import structlog
 
@@ -41,249 +22,24 @@ from projector.cache.store import Store
 from projector.control.queue import WorkQueue
 from projector.control.recorder import Recorder
 from projector.control.writer import Writer
-from projector.core.kinds import DAEMONSETS, DEPLOYMENTS, STATEFULSETS, Obj, Resource
-from projector.core.model import HASH_ANNOTATION, PREFIX, Copy, ObjectKey
+from projector.core.model import Copy, ObjectKey
 from projector.core.status import Event
 from projector.errors import ApiError, Fenced, NotFound
+from projector.rollout.decide import (
+    FIELD_MANAGER,
+    RESOURCES,
+    Ref,
+    Workload,
+    WorkloadKind,
+    copy_stamp,
+    decide,
+    key_of,
+    manifest,
+    parser,
+)
 from projector.telemetry.metrics import Metrics
 
 log = structlog.get_logger("projector.rollout")
-
-ROLLOUT_ON = f"{PREFIX}rollout-on"
-"""On a workload: the copies (names in its namespace) whose content changes roll it."""
-STAMP = f"{PREFIX}rollout-"
-"""Prefix of the pod-template annotation that carries a copy's stamp (`stamp_of`)."""
-SEEN = f"{PREFIX}seen-"
-"""Prefix of the workload annotation that records a copy's stamp when first seen (no roll)."""
-FIELD_MANAGER = "projector-rollout"
-"""Owns exactly the annotations above: GitOps tools ignore this manager's fields."""
-HASH_PREFIX = 16
-"""Hex digits of a stamp: enough to tell a copy's versions apart."""
-_NAME_MAX = 63
-"""Longest name part of an annotation key."""
-
-
-class WorkloadKind(StrEnum):
-    """The kinds that may opt in (their informers' names)."""
-
-    DEPLOYMENT = "deployments"
-    STATEFULSET = "statefulsets"
-    DAEMONSET = "daemonsets"
-
-
-RESOURCES: Mapping[WorkloadKind, Resource] = {
-    WorkloadKind.DEPLOYMENT: DEPLOYMENTS,
-    WorkloadKind.STATEFULSET: STATEFULSETS,
-    WorkloadKind.DAEMONSET: DAEMONSETS,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Ref:
-    """A workload's queue key."""
-
-    kind: WorkloadKind
-    namespace: str
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class Workload:
-    """An opted-in workload, reduced to what `decide` reads (every other field is dropped)."""
-
-    ref: Ref
-    uid: str
-    copies: tuple[str, ...]
-    """The copies named by its rollout-on annotation; empty: not opted in (never cached)."""
-    stamps: tuple[tuple[str, str], ...]
-    """Its pod template's rollout-* annotations: what its pods were rolled for."""
-    seen: tuple[tuple[str, str], ...]
-    """Its own seen-* annotations: the baselines recorded on first sight."""
-    busy: bool
-    """A rollout is still progressing (status behind spec, or replicas not yet updated)."""
-    resource_version: str = field(default="", compare=False)
-    """Not compared: status updates that change nothing above are no news."""
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What to apply: every stamp and baseline the workload should carry, and why."""
-
-    stamps: tuple[tuple[str, str], ...]
-    seen: tuple[tuple[str, str], ...]
-    rolled: tuple[str, ...]
-    """Copies whose new content this apply rolls out (empty: nothing restarts)."""
-    held: tuple[str, ...]
-    """Copies that changed while the last rollout still progresses: rolled once it is done."""
-
-    def needed(self, w: Workload) -> bool:
-        """Something differs from what the workload carries."""
-        return self.stamps != w.stamps or self.seen != w.seen
-
-
-def _part(copy: str, room: int) -> str:
-    """A copy's name as the tail of an annotation key; a long name is cut and made unique."""
-    if len(copy) <= room:
-        return copy
-    digest = hashlib.sha256(copy.encode()).hexdigest()[:8]
-    return f"{copy[: room - 9]}-{digest}"
-
-
-def stamp_key(copy: str) -> str:
-    """The pod-template annotation of `copy` (`projector.nebari.dev/rollout-<copy>`)."""
-    return STAMP + _part(copy, _NAME_MAX - len("rollout-"))
-
-
-def seen_key(copy: str) -> str:
-    """The baseline annotation of `copy` on the workload (`projector.nebari.dev/seen-<copy>`)."""
-    return SEEN + _part(copy, _NAME_MAX - len("seen-"))
-
-
-def stamp_of(content_hash: str, copy_uid: str) -> str:
-    """What goes on the template for a copy's content: its hash, keyed by the copy's uid.
-
-    Workloads are readable by many more people than Secrets (the `view` role reads them, not
-    Secrets), and a bare content hash would let them test guesses of a weak value offline
-    (the rest of what it covers is readable from the grant). The annotation is an HMAC under
-    the install's hash key (`model.HashKey`), which nobody outside projector holds; a copy
-    written before the key carries its unkeyed hash, and its stamp stays what it was (an
-    upgrade rolls nothing) until its content changes. The copy's uid changes only if the copy
-    is recreated.
-    """
-    keyed = f"{content_hash}/{copy_uid}".encode()
-    return hashlib.sha256(keyed).hexdigest()[:HASH_PREFIX]
-
-
-def decide(w: Workload, hashes: Mapping[str, str]) -> Decision:
-    """What `w` should carry, given the stamps of the copies projector owns.
-
-    `hashes` maps a copy name (in `w`'s namespace) to its stamp; a copy missing from it
-    (absent, or not projector's) is left alone. A copy whose hash equals what the pods were
-    started with (stamp, else baseline) needs nothing; one never seen gets a baseline (no
-    roll); one that differs is stamped (a rollout), unless the last rollout still progresses.
-    """
-    stamps, seen = dict(w.stamps), dict(w.seen)
-    rolled: list[str] = []
-    held: list[str] = []
-    for copy in w.copies:
-        h = hashes.get(copy)
-        if h is None:
-            continue
-        sk, bk = stamp_key(copy), seen_key(copy)
-        started = stamps.get(sk) or seen.get(bk)
-        if started is None:
-            seen[bk] = h
-        elif started != h:
-            if w.busy:
-                held.append(copy)
-            else:
-                stamps[sk] = seen[bk] = h
-                rolled.append(copy)
-    return Decision(
-        tuple(sorted(stamps.items())), tuple(sorted(seen.items())), tuple(rolled), tuple(held)
-    )
-
-
-def manifest(w: Workload, d: Decision) -> Obj:
-    """The apply body: only projector's annotations (metadata and pod template), nothing else."""
-    return {
-        "apiVersion": RESOURCES[w.ref.kind].version,
-        "kind": RESOURCES[w.ref.kind].kind,
-        "metadata": {"name": w.ref.name, "namespace": w.ref.namespace, "annotations": dict(d.seen)},
-        "spec": {"template": {"metadata": {"annotations": dict(d.stamps)}}},
-    }
-
-
-# --- parsing: raw workload -> Workload -----------------------------------------------------------
-
-
-MAX_ROLLOUT_ON_ENTRIES = 64
-"""More copies than this in a rollout-on annotation, and it is ignored as a whole (not opted
-in): a tenant writes it, and every event of its workload parses it."""
-MAX_ROLLOUT_ON_LENGTH = 16384
-"""Characters of a rollout-on annotation past which it is ignored as a whole (64 names of 253)."""
-
-
-def rollout_on(annotations: Mapping[str, Any]) -> tuple[str, ...]:
-    """The copy names of a rollout-on annotation (comma-separated, blanks ignored).
-
-    Bounded before it is split: past `MAX_ROLLOUT_ON_LENGTH` characters or
-    `MAX_ROLLOUT_ON_ENTRIES` entries it names nothing.
-    """
-    raw = annotations.get(ROLLOUT_ON)
-    if not isinstance(raw, str):
-        return ()
-    if len(raw) > MAX_ROLLOUT_ON_LENGTH or raw.count(",") >= MAX_ROLLOUT_ON_ENTRIES:
-        return ()
-    return tuple(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
-
-
-def _int(value: Any, default: int = 0) -> int:
-    return value if isinstance(value, int) else default
-
-
-def progressing(kind: WorkloadKind, obj: Mapping[str, Any]) -> bool:
-    """Tell whether the workload's last rollout is still under way (as `kubectl rollout status`).
-
-    A Deployment past its progress deadline no longer counts: it is stuck, and a newer content
-    may be what unsticks it.
-    """
-    meta, spec, st = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-    if _int(st.get("observedGeneration")) < _int(meta.get("generation")):
-        return True
-    if kind is WorkloadKind.DAEMONSET:
-        want = _int(st.get("desiredNumberScheduled"))
-        return (
-            _int(st.get("updatedNumberScheduled")) < want or _int(st.get("numberAvailable")) < want
-        )
-    want = _int(spec.get("replicas"), 1)
-    updated = _int(st.get("updatedReplicas"))
-    if kind is WorkloadKind.STATEFULSET:
-        if (spec.get("updateStrategy") or {}).get("type") == "OnDelete":
-            return False
-        revision = st.get("updateRevision")
-        behind = revision is not None and st.get("currentRevision") != revision
-        return behind or _int(st.get("readyReplicas")) < want
-    for c in st.get("conditions") or ():
-        if c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded":
-            return False
-    return (
-        updated < want
-        or _int(st.get("replicas")) > updated
-        or _int(st.get("availableReplicas")) < updated
-    )
-
-
-def _ours(annotations: Mapping[str, Any], prefix: str) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, str(v)) for k, v in annotations.items() if k.startswith(prefix)))
-
-
-def parser(kind: WorkloadKind) -> Callable[[Obj], Workload]:
-    """The informer's parser for one kind."""
-
-    def parse(obj: Obj) -> Workload:
-        meta = obj["metadata"]
-        notes = meta.get("annotations") or {}
-        template = ((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}
-        return Workload(
-            ref=Ref(kind, meta["namespace"], meta["name"]),
-            uid=str(meta.get("uid", "")),
-            copies=rollout_on(notes),
-            stamps=_ours(template.get("annotations") or {}, STAMP),
-            seen=_ours(notes, SEEN),
-            busy=progressing(kind, obj),
-            resource_version=str(meta.get("resourceVersion", "")),
-        )
-
-    return parse
-
-
-def _ref(kind: WorkloadKind) -> Callable[[Obj], Ref]:
-    def key(obj: Obj) -> Ref:
-        meta = obj["metadata"]
-        return Ref(kind, meta["namespace"], meta["name"])
-
-    return key
 
 
 class OptedIn(Cache[Ref, Workload]):
@@ -306,7 +62,7 @@ def spec(kind: WorkloadKind) -> Spec[Ref, Workload]:
 
     Every object: the server cannot select on annotations, so the filter is `OptedIn`'s.
     """
-    return Spec(kind, RESOURCES[kind], parser(kind), _ref(kind), page=WORKLOAD_PAGE)
+    return Spec(kind, RESOURCES[kind], parser(kind), key_of(kind), page=WORKLOAD_PAGE)
 
 
 # --- the I/O edge --------------------------------------------------------------------------------
@@ -351,7 +107,7 @@ class Rollouts:
 
     def _copy_changed(self, old: Copy | None, new: Copy | None) -> None:
         c = new or old
-        if c is None or (old and new and _hash(old) == _hash(new)):
+        if c is None or (old and new and copy_stamp(old) == copy_stamp(new)):
             return
         for ref in self._readers.get(c.key, ()):
             self.queue.add(ref)
@@ -400,7 +156,7 @@ class Rollouts:
         out = {}
         for name in w.copies:
             c = self.store.copies.get(ObjectKey(w.ref.namespace, name))
-            if c is not None and (h := _hash(c)) is not None:
+            if c is not None and (h := copy_stamp(c)) is not None:
                 out[name] = h
         return out
 
@@ -455,12 +211,6 @@ class Rollouts:
         message = f"content of {', '.join(copies)} changed: rolling out its pods"
         ev = Event("Normal", "RolloutStarted", message)
         await self.recorder.record_on(involved, w.ref.namespace, ev)
-
-
-def _hash(c: Copy) -> str | None:
-    """A copy's stamp if projector owns it (its field manager wrote the owner mark)."""
-    h = c.annotations.get(HASH_ANNOTATION)
-    return stamp_of(h, c.uid) if h and c.grant_uid is not None and not c.deleting else None
 
 
 def _name(ref: Ref) -> str:

@@ -391,7 +391,7 @@ def rollout_apply(
     seen: Mapping[str, str] | None = None,
     kind: str = "Deployment",
 ) -> dict[str, Any]:
-    """The body projector's rollout applies (projector.rollout.wing.manifest), plus what a test
+    """The body projector's rollout applies (projector.rollout.decide.manifest), plus what a test
     adds."""
     return {
         "apiVersion": "apps/v1",

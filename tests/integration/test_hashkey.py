@@ -31,7 +31,7 @@ from projector.core.model import (
     content_bytes,
     parse_source,
 )
-from projector.rollout.wing import seen_key, stamp_key, stamp_of
+from projector.rollout.decide import seen_key, stamp_key, stamp_of
 from tests.integration.test_rollout import (
     IMAGE,
     rollout_rbac,  # noqa: F401  (a fixture, by name)

@@ -32,7 +32,7 @@ from projector.core.model import (
 from projector.core.plans import Action, Result
 from projector.core.reconcile import plan
 from projector.errors import ProjectorError, ServerError
-from projector.rollout.wing import decide, seen_key, stamp_key, stamp_of
+from projector.rollout.decide import decide, seen_key, stamp_key, stamp_of
 from projector.telemetry.metrics import Metrics
 from tests.unit.factories import (
     b64,

@@ -19,12 +19,10 @@ from projector.control.recorder import Recorder
 from projector.control.writer import Writer
 from projector.core.kinds import DEPLOYMENTS, EVENTS
 from projector.core.model import GRANT_LABEL, GRANT_UID_ANNOTATION, HASH_ANNOTATION, GrantRecord
-from projector.rollout.wing import (
+from projector.rollout.decide import (
     ROLLOUT_ON,
     Decision,
-    OptedIn,
     Ref,
-    Rollouts,
     Workload,
     WorkloadKind,
     decide,
@@ -33,10 +31,10 @@ from projector.rollout.wing import (
     progressing,
     rollout_on,
     seen_key,
-    spec,
     stamp_key,
     stamp_of,
 )
+from projector.rollout.wing import OptedIn, Rollouts, spec
 from projector.telemetry.metrics import Metrics
 from tests.unit.factories import copy_from, desired_of, make_grant, make_source
 from tests.unit.fakeapi import FakeApi
