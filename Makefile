@@ -10,7 +10,8 @@ PY := .venv/bin/python
 export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := python3.11
 
-.PHONY: help install binaries helm prometheus otelcol manifests docs image generate observability-docs traces-docs reliability-docs test fuzz compat unit integration harness lint fmt demo bench bench-quick clean
+.PHONY: help install binaries helm prometheus otelcol manifests docs image generate observability-docs traces-docs reliability-docs test fuzz compat unit integration harness lint fmt demo bench bench-quick clean \
+  cluster-up cluster-down kind-up kind-down node-packages node-binaries node-up node-down
 
 help: ## list the commands
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -161,5 +162,40 @@ clean: ## remove local state (the binary cache outside the repo is kept)
 	-$(PY) -m tests.controlplane down
 	rm -rf .local/cluster .local/kubeconfig .local/node .local/node.env .local/images
 
-include mk/cluster.mk
-include mk/node.mk
+# Local clusters.
+# cluster-*: etcd + kube-apiserver + kube-controller-manager on loopback (tests/controlplane);
+# kind-*: a kind cluster for users with a Docker engine (tests/kind). Kubeconfigs go to .local/.
+cluster-up: install ## start (or reuse) the local control plane; admin kubeconfig in .local/kubeconfig
+	$(PY) -m tests.controlplane up
+
+cluster-down: install ## stop the local control plane
+	$(PY) -m tests.controlplane down
+
+kind-up: ## create (or reuse) kind cluster "projector" (needs Docker); .local/kind-kubeconfig
+	tests/kind/kind.sh up
+
+kind-down: ## delete the kind cluster
+	tests/kind/kind.sh down
+
+# The local node: kubelet + containerd + runc joined to the local control plane (tests/node).
+# Debian's packages come from this rule, never by hand: apt-get as root, only the missing ones,
+# so a second run does nothing.
+NODE_PACKAGES := runc umoci skopeo buildah debootstrap containernetworking-plugins busybox-static gcc libc6-dev iproute2 iptables nftables
+
+node-packages: ## install (only if missing) Debian's runc, umoci, skopeo, buildah, debootstrap, CNI plugins, busybox
+	@missing=$$(for p in $(NODE_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "make node-packages: not root, cannot install $$missing (apt-get); the node tier will skip, saying so" >&2; exit 0; fi; \
+	  echo "make node-packages: installing $$missing"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null \
+	    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null; }; \
+	fi
+
+node-binaries: node-packages ## build (or reuse) kubelet, containerd (+shim, ctr) and the pause binary
+	tests/node/build.sh >/dev/null
+
+node-up: install binaries node-binaries ## start (or reuse) the control plane and a node; .local/node.env
+	$(PY) -m tests.node up
+
+node-down: install ## stop the node (and put back everything it changed on the host)
+	$(PY) -m tests.node down
