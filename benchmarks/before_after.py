@@ -17,7 +17,7 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, RESULTS, summary, write_result
+from benchmarks.common import REPO, summary, write_result
 
 SNIPPET = """
 import json, statistics, time
@@ -91,7 +91,7 @@ def run(before: str, after: str | None = None, rounds: int = 5) -> Path:
         {"before": before, "after": after or "worktree", "rounds": rounds},
         systems,
         ratios,
-        out=RESULTS,
+        out=REPO / ".local/before-after",  # an experiment: git history keeps it, not results/
     )
 
 

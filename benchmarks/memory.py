@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.before_after import export
-from benchmarks.common import RESULTS, summary, write_result
+from benchmarks.common import REPO, summary, write_result
 from benchmarks.e2e import MANAGED
 from benchmarks.harness import (
     controller_python,
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         "memory-before-after",
         {"before": a.before, "after": a.after, "rounds": a.rounds, "points": pts},
         systems,
-        out=RESULTS,
+        out=REPO / ".local/before-after",  # an experiment: git history keeps it, not results/
     )
     for name, s in systems.items():
         print(name, {k: v["value"] for k, v in s.items() if "value" in v})

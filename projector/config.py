@@ -1,4 +1,4 @@
-"""Settings of `projector run`, from flags with environment fallbacks (README, "The controller")."""
+"""Settings of `projector run`, from flags with environment fallbacks (docs/cli.md)."""
 
 from __future__ import annotations
 

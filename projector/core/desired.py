@@ -87,7 +87,8 @@ class Echo:
     """A `Desired` without its values, labels or annotations: enough to tell an echo.
 
     The controller keeps one per grant to tell its own writes' echoes, so it holds no Secret
-    values outside the caches (RSS: no change measurable, memory-before-after-3-echo.json).
+    values outside the caches (RSS: no change measurable; memory-before-after-3-echo in
+    docs/benchmarks.md's history).
     """
 
     core_hash: str

@@ -93,7 +93,7 @@ class ScrapedGauge:
 
     For series kept per grant: a labelled `Gauge` child holds a lock, a value object and its
     label dict, a key here a tuple and a float (RSS 1.25 KB less per grant, three series each:
-    benchmarks/results/memory-before-after-2-grant-condition.json).
+    memory-before-after-2-grant-condition in docs/benchmarks.md's history).
     """
 
     def __init__(self, metric: Metric, registry: CollectorRegistry) -> None:
