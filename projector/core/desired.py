@@ -241,13 +241,32 @@ def _recorded(raw: str) -> Mapping[str, list[str]]:
     return MappingProxyType(recorded) if isinstance(recorded, dict) else _NOTHING_RECORDED
 
 
-def _select(grant: Grant, source: Source) -> tuple[dict[str, str], dict[str, str], bool] | str:
+def unexported_key(grant: Grant, scope: frozenset[str] | None) -> str:
+    """The first key the grant names that the producer's scope does not let leave.
+
+    "" if none, or if there is no scope (every key may leave).
+    """
+    if scope is None or grant.keys is None:
+        return ""
+    return next((k.src for k in grant.keys if k.src not in scope), "")
+
+
+def _select(
+    grant: Grant, source: Source, scope: frozenset[str] | None
+) -> tuple[dict[str, str], dict[str, str], bool] | str:
     """The granted keys of `data` and `binaryData`, renamed, and whether that is all of them.
 
-    Or the first granted key the source lacks.
+    Or the first granted key the source lacks. A grant that names no keys takes the keys the
+    producer's `scope` lets leave (None: every key); a grant that names keys outside it is
+    refused before this (`unexported_key`).
     """
     if grant.keys is None:
-        return dict(source.data), dict(source.binary_data), True
+        if scope is None:
+            return dict(source.data), dict(source.binary_data), True
+        kept = {k: v for k, v in source.data.items() if k in scope}
+        kept_binary = {k: v for k, v in source.binary_data.items() if k in scope}
+        whole = len(kept) + len(kept_binary) == len(source.data) + len(source.binary_data)
+        return kept, kept_binary, whole
     data: dict[str, str] = {}
     binary: dict[str, str] = {}
     for k in grant.keys:
@@ -266,9 +285,11 @@ def _select(grant: Grant, source: Source) -> tuple[dict[str, str], dict[str, str
 def desired_copy(grant: Grant, source: Source, hash_key: HashKey | None = None) -> Desired | str:
     """Build the copy for a grant, or name the first key the source lacks.
 
-    `hash_key` signs the content-hash annotation; None: the unkeyed hash (explain, tests).
+    Only the keys the producer's scope lets leave (`Source.export_keys`) are copied; filtered,
+    the copy is Opaque. `hash_key` signs the content-hash annotation; None: the unkeyed hash
+    (explain, tests).
     """
-    selected = _select(grant, source)
+    selected = _select(grant, source, source.export_keys)
     if isinstance(selected, str):
         return selected
     data, binary, whole = selected

@@ -174,6 +174,8 @@ def entry(
     if r is Reason.SOURCE_MISSING:
         kept = "the last copy is kept" if step.existing is not None else "no copy"
         return e("pending", f"the source {kind_of(plan).value} does not exist ({kept})")
+    if r is Reason.KEY_NOT_EXPORTED:
+        return e("refused", step.message or "a key the grant names is not exported")
     if r is Reason.KEY_MISSING:
         return e("pending", step.message or "a key the grant names is missing from the source")
     if r is Reason.COPY_DELETING:

@@ -31,6 +31,9 @@ EXPORT_LABEL = f"{PREFIX}export"
 EXPORT_VALUE = "true"
 """The export label's only opting-in value (`True`, `yes` or `1` are not consent)."""
 EXPORT_TO_ANNOTATION = f"{PREFIX}export-to"
+EXPORT_KEYS_ANNOTATION = f"{PREFIX}export-keys"
+"""On an exported source: the only keys that may leave it (comma-separated); absent: every
+key. The producer's key scope, a hard boundary whatever a grant asks for."""
 MANAGED_BY_LABEL = f"{PREFIX}managed-by"
 MANAGED_BY_VALUE = "projector"
 GRANT_LABEL = f"{PREFIX}grant"
@@ -221,6 +224,10 @@ class Source:
     a copy projector wrote (a copy is never projected on)."""
     withheld: bool = False
     """Its data was not kept (no grant named it when it was cached): `data` is empty."""
+    export_keys: frozenset[str] | None = None
+    """The keys the producer lets leave (`EXPORT_KEYS_ANNOTATION`); None: every key."""
+    export_keys_refused: str = ""
+    """Why the export-keys annotation is ignored as a whole, if it is: then no key leaves."""
     _names: frozenset[str] = field(init=False, repr=False, compare=False)
     _globs: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
@@ -321,6 +328,20 @@ def invalid_export_to(patterns: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(p for p in patterns if _EXPORT_PATTERN.fullmatch(p) is None)
 
 
+def parse_export_keys(value: str | None) -> tuple[frozenset[str] | None, str]:
+    """The producer's key scope from its export-keys annotation, and why it is refused if so.
+
+    Absent: None (every key). Present, it fails closed: blank, or past the same bounds as
+    export-to (`export_to_too_big`), no key leaves; an entry that is not a key name matches no
+    key. A tenant writes it, so it costs two linear scans and one split.
+    """
+    if value is None:
+        return None, ""
+    if too_big := export_to_too_big(value).replace("export-to", "export-keys"):
+        return frozenset(), too_big
+    return frozenset(k for k in (p.strip() for p in value.split(",")) if k), ""
+
+
 def refused_source(obj: Mapping[str, Any], kind: SourceKind) -> str:
     """Why an object may never be a source whatever its opt-in says, or "" if it may."""
     meta = obj.get("metadata") or {}
@@ -360,6 +381,9 @@ def parse_source(
         patterns = ()
     ignored = invalid_export_to(patterns)
     bad = set(ignored)
+    keys, keys_refused = parse_export_keys(
+        (meta.get("annotations") or {}).get(EXPORT_KEYS_ANNOTATION)
+    )
     return Source(
         key=ObjectKey(meta["namespace"], meta["name"], kind),
         uid=Uid(meta.get("uid", "")),
@@ -371,6 +395,8 @@ def parse_source(
         export_to_refused=too_big,
         refused=refused_source(obj, kind),
         withheld=not content,
+        export_keys=keys,
+        export_keys_refused=keys_refused,
     )
 
 

@@ -55,6 +55,7 @@ class Reason(StrEnum):
     TERMINATING = "NamespaceTerminating"
     SOURCE_MISSING = "SourceMissing"
     KEY_MISSING = "KeyMissing"
+    KEY_NOT_EXPORTED = "KeyNotExported"
     SOURCE_UNKNOWN = "SourceUnknown"
     REVOKED = "Revoked"
     RETAINED = "Retained"
@@ -80,6 +81,7 @@ FAILURE_REASONS = frozenset(
         Reason.PROTECTED_NAMESPACE,
         Reason.NAMESPACE_MISSING,
         Reason.KEY_MISSING,
+        Reason.KEY_NOT_EXPORTED,
         Reason.WRITE_FAILED,
     }
 )

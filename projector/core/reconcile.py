@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from projector.core.desired import Desired, desired_copy
+from projector.core.desired import Desired, desired_copy, unexported_key
 from projector.core.model import Copy, Grant, HashKey, Namespace, ObjectKey, Source
 from projector.core.ownership import Claim, Consent, claim, consent, may_write, policy, wants
 from projector.core.plans import (
@@ -47,6 +47,8 @@ class Offer:
     """The copy to write, unless the source is not available or lacks a key."""
     missing_key: str = ""
     """The first granted key the source lacks."""
+    refused_key: str = ""
+    """The first granted key the producer's key scope does not let leave: nothing is written."""
 
 
 def offer(snap: Snapshot, grant: Grant, hash_key: HashKey | None = None) -> Offer:
@@ -59,6 +61,8 @@ def offer(snap: Snapshot, grant: Grant, hash_key: HashKey | None = None) -> Offe
     source = snap.source if state is SourceState.AVAILABLE else None
     if source is None:
         return Offer(state, None, None)
+    if refused := unexported_key(grant, source.export_keys):
+        return Offer(state, source, None, refused_key=refused)
     built = desired_copy(grant, source, hash_key)
     if isinstance(built, Desired):
         return Offer(state, source, built)
@@ -155,6 +159,11 @@ def decide(
     # export label, or export-to stops matching": copies there handled by onRevoke; Denied
     if verdict is not Consent.GRANTED:
         return _withdraw(snap, name, target, mine, Reason.DENIED)
+    # "export-keys scopes keys": a grant naming another key writes nothing there, the key named;
+    # what it held there follows onRevoke, as when the producer withdraws
+    if got.refused_key:
+        why = f"the producer does not export key {got.refused_key!r}"
+        return _withdraw(snap, name, target, mine, Reason.KEY_NOT_EXPORTED, why)
     # "a copy orphaned while the controller was down": handled by the policy it was created under
     if mine is not None and mine.grant_uid != grant.uid and claim(snap, mine, ns) is Claim.ORPHAN:
         return _orphaned(snap, mine, _serve(snap, got.desired, got.missing_key, ns, None))
@@ -195,7 +204,9 @@ def _revoke(snap: Snapshot, copy: Copy, reason: Reason) -> Step:
     return Step(copy.key.namespace, Action.NOOP, Reason.RETAINED, copy, copy.key.name)
 
 
-def _withdraw(snap: Snapshot, ns: str, name: str, held: Copy | None, reason: Reason) -> Step:
+def _withdraw(
+    snap: Snapshot, ns: str, name: str, held: Copy | None, reason: Reason, why: str = ""
+) -> Step:
     """A namespace the grant does not serve: what it holds there follows `policy`.
 
     Kept, the namespace still reports why it is not served (denied, source missing); an
@@ -206,7 +217,7 @@ def _withdraw(snap: Snapshot, ns: str, name: str, held: Copy | None, reason: Rea
         step = _revoke(snap, held, reason if own else Reason.REVOKED)
         if step.action is Action.DELETE:
             return step
-    return Step(ns, Action.NOOP, reason, held, name)
+    return Step(ns, Action.NOOP, reason, held, name, why)
 
 
 def _orphaned(snap: Snapshot, orphan: Copy, then: Step) -> Step:

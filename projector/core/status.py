@@ -34,6 +34,7 @@ FAILURE_ORDER = (
     Reason.CONFLICT,
     Reason.GRANT_CONFLICT,
     Reason.KEY_MISSING,
+    Reason.KEY_NOT_EXPORTED,
     Reason.NAMESPACE_MISSING,
     Reason.PROTECTED_NAMESPACE,
     Reason.SOURCE_NAMESPACE,
@@ -103,7 +104,7 @@ def compute(plan: Plan, outcomes: Sequence[Outcome]) -> dict[str, Any]:
     denied = counts[Reason.DENIED]
     missing = counts[Reason.NAMESPACE_MISSING]
     errors = [o for o in outcomes if o.reason is Reason.WRITE_FAILED]
-    source_ok, source_reason, source_msg = _source(plan, counts[Reason.KEY_MISSING])
+    source_ok, source_reason, source_msg = _source(plan, counts[Reason.KEY_MISSING], outcomes)
     kind = _kind(plan)
     if not source_ok:
         ready, reason, message = False, source_reason, source_msg
@@ -145,10 +146,13 @@ def compute(plan: Plan, outcomes: Sequence[Outcome]) -> dict[str, Any]:
     return out
 
 
-def _source(plan: Plan, keys_missing: int) -> tuple[bool, str, str]:
+def _source(plan: Plan, keys_missing: int, outcomes: Sequence[Outcome]) -> tuple[bool, str, str]:
     """The SourceAvailable condition: available with every granted key, reason, message."""
     grant, kind = plan.grant, _kind(plan)
-    if plan.source_state is SourceState.AVAILABLE and keys_missing:
+    refused = next((o.message for o in outcomes if o.reason is Reason.KEY_NOT_EXPORTED), "")
+    if plan.source_state is SourceState.AVAILABLE and refused:
+        source_reason, source_msg = Reason.KEY_NOT_EXPORTED.value, refused
+    elif plan.source_state is SourceState.AVAILABLE and keys_missing:
         source_reason, source_msg = Reason.KEY_MISSING.value, "the source lacks a granted key"
     else:
         source_reason = plan.source_state.value
@@ -170,7 +174,9 @@ def _source(plan: Plan, keys_missing: int) -> tuple[bool, str, str]:
     if source is not None and source.ignored_export_to:
         ignored = ", ".join(source.ignored_export_to)[:200]
         source_msg = f"{source_msg}; {IGNORED_EXPORT_TO}{ignored}"
-    ok = plan.source_state is SourceState.AVAILABLE and keys_missing == 0
+    if source is not None and source.export_keys_refused:
+        source_msg = f"{source_msg}; {source.export_keys_refused}"
+    ok = plan.source_state is SourceState.AVAILABLE and keys_missing == 0 and not refused
     return ok, source_reason, source_msg
 
 

@@ -194,6 +194,9 @@ class Driver:
         self.sources: dict[Key, SourceRec] = {}
         self.dying: dict[Key, SourceRec] = {}
         """Sources of terminating namespaces, until the namespace is gone."""
+        self.leaving: set[Key] = set()
+        """What the test made in terminating namespaces (a squatter dressed as a copy
+        included), on its way out with them: never taken for a copy."""
         self.grants: dict[str, GrantRec] = {}
         self.squatters: dict[Key, tuple[str, str]] = {}
         self.bystanders: dict[Key, tuple[str, str]] = {}
@@ -397,6 +400,8 @@ class Driver:
         # The namespace controller deletes what is in it, in its own time: until the namespace
         # is gone, its sources may still be projected (`oracle.World.dying`).
         self.dying |= {k: r for k, r in self.sources.items() if k[0] == op.ns}
+        made = (*self.sources, *self.squatters, *self.bystanders)
+        self.leaving |= {k for k in made if k[0] == op.ns}
         self.sources = {k: r for k, r in self.sources.items() if k[0] != op.ns}
         self.squatters = {k: r for k, r in self.squatters.items() if k[0] != op.ns}
         self.bystanders = {k: r for k, r in self.bystanders.items() if k[0] != op.ns}
@@ -676,7 +681,9 @@ class Driver:
                         )
                     continue
                 seen = self._seen(key, secret)
-                if n in self.terminating and (seen is None or key not in self.possible):
+                if n in self.terminating and (
+                    seen is None or key not in self.possible or key in self.leaving
+                ):
                     continue  # what the test made there, on its way out with the namespace
                 if seen is None:
                     raise Violation("S1 not ours", f"{key}: a Secret nobody made, without a mark")
@@ -885,6 +892,7 @@ class Driver:
     def _gone_for_good(self, ns: str) -> None:
         self.terminating.discard(ns)
         self.dying = {k: r for k, r in self.dying.items() if k[0] != ns}
+        self.leaving = {k for k in self.leaving if k[0] != ns}
         self.advance([self.world()])
 
     def _source_body(

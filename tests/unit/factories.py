@@ -90,6 +90,7 @@ def make_source(
     data: Mapping[str, str] | None = None,
     type_: str = "Opaque",
     export_to: str | tuple[str, ...] = "*",
+    export_keys: frozenset[str] | None = None,
 ) -> Source:
     return Source(
         key=ObjectKey(namespace, name),
@@ -98,6 +99,7 @@ def make_source(
         data=dict(data if data is not None else {"token": b64("t0"), "url": b64("http://hub")}),
         export_to=parse_export_to(export_to) if isinstance(export_to, str) else export_to,
         refused=refused_source({"type": type_}, SourceKind.SECRET),
+        export_keys=export_keys,
     )
 
 

@@ -20,6 +20,7 @@ from projector.core.model import (
     DEFAULT_ON_REVOKE,
     DEFAULT_ON_SOURCE_DELETED,
     DEFAULT_SOURCE_KIND,
+    EXPORT_KEYS_ANNOTATION,
     EXPORT_TO_ANNOTATION,
     GRANT_UID_ANNOTATION,
     HASH_ANNOTATION,
@@ -779,6 +780,28 @@ def test_parse_source_defaults() -> None:
     assert s.type == "Opaque"
     assert s.data == {}
     assert s.export_to == ()  # default deny
+    assert s.export_keys is None  # no export-keys: every key may leave
+
+
+@pytest.mark.parametrize(
+    ("value", "keys", "refused"),
+    [
+        pytest.param(None, None, False, id="absent-every-key"),
+        pytest.param(" token , url,,", frozenset({"token", "url"}), False, id="listed"),
+        pytest.param("", frozenset(), False, id="blank-no-key"),
+        pytest.param("a," * 300, frozenset(), True, id="past-the-entries-cap-no-key"),
+        pytest.param("k" * 20000, frozenset(), True, id="past-the-length-cap-no-key"),
+    ],
+)
+def test_export_keys_fail_closed(
+    value: str | None, keys: frozenset[str] | None, refused: bool
+) -> None:
+    """The producer's key scope: absent lets every key leave; anything it cannot honour lets
+    none leave (a hostile or broken value never widens what leaves)."""
+    notes = {} if value is None else {EXPORT_KEYS_ANNOTATION: value}
+    s = parse_source({"metadata": {"namespace": "n", "name": "s", "annotations": notes}})
+    assert s.export_keys == keys
+    assert bool(s.export_keys_refused) is refused
 
 
 @pytest.mark.parametrize(
