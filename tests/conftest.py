@@ -8,11 +8,12 @@ server. It runs in pytest's tmp dir, never in ``.local/``, so it cannot collide 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import shutil
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,46 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """With PROJECTOR_UPDATE_DOCS=1, a green session's fault records become docs/reliability.md."""
     if os.environ.get("PROJECTOR_UPDATE_DOCS") == "1" and exitstatus == 0 and reliability.session:
         reliability.write_doc(sorted(reliability.session, key=lambda r: r.fault))
+
+
+# --- no asyncio task outlives its test ----------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _no_task_left_running(request: pytest.FixtureRequest) -> None:
+    """An async test fails if a task it started is still running once its fixtures are gone.
+
+    pytest-asyncio closes each test's event loop by cancelling what is left, silently: a watch,
+    worker or timer that the code under test started and never stopped would pass unseen. Only
+    async tests have a loop, so only they ask for the check; it is set up first, so it is torn
+    down last, after every fixture that stops what it started (kopf's
+    `_no_asyncio_pending_tasks` is the model).
+    """
+    if request.node.get_closest_marker("asyncio") is not None:
+        request.getfixturevalue("_asyncio_tasks_checked")
+
+
+@pytest.fixture
+async def _asyncio_tasks_checked() -> AsyncIterator[None]:
+    """Fail, naming them, on tasks of the test's loop that are still running after it."""
+    before = asyncio.all_tasks()
+    yield
+    for _ in range(3):  # a task cancelled by a teardown ends within a turn or two
+        await asyncio.sleep(0)
+    current = asyncio.current_task()
+    left = [t for t in asyncio.all_tasks() if t is not current and t not in before and not t.done()]
+    if left:
+        named = "\n".join(f"  {_describe(t)}" for t in sorted(left, key=lambda t: t.get_name()))
+        pytest.fail(f"{len(left)} asyncio task(s) left running after the test:\n{named}")
+
+
+def _describe(task: asyncio.Task[object]) -> str:
+    """The task's name, its coroutine and where it waits (file:line), for the failure."""
+    coro = task.get_coro()
+    name = getattr(coro, "__qualname__", repr(coro))
+    frame = getattr(coro, "cr_frame", None)
+    where = f" at {frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""
+    return f"{task.get_name()}: {name}{where}"
 
 
 # --- the control plane and clients --------------------------------------------------------------
