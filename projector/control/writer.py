@@ -173,8 +173,13 @@ class Writer:
         ]
         writes = plan.writes
         if writes:
-            bodies = Bodies(plan.desired) if plan.desired is not None else None
-            outcomes.extend(await _together([self._run(plan, s, bodies) for s in writes]))
+            # One Bodies per copy content, serialized once however many namespaces hold it: a
+            # grant meets one key scope almost always, two when exports differ by namespace.
+            bodies: dict[int, Bodies] = {}
+            for d in (s.desired for s in writes if s.desired is not None):
+                bodies.setdefault(id(d), Bodies(d))
+            runs = [self._run(plan, s, bodies.get(id(s.desired))) for s in writes]
+            outcomes.extend(await _together(runs))
         return outcomes
 
     async def _run(self, plan: Plan, step: Step, bodies: Bodies | None) -> Outcome:

@@ -282,14 +282,19 @@ def _select(
     return data, binary, whole
 
 
-def desired_copy(grant: Grant, source: Source, hash_key: HashKey | None = None) -> Desired | str:
+def desired_copy(
+    grant: Grant,
+    source: Source,
+    hash_key: HashKey | None = None,
+    scope: frozenset[str] | None = None,
+) -> Desired | str:
     """Build the copy for a grant, or name the first key the source lacks.
 
-    Only the keys the producer's scope lets leave (`Source.export_keys`) are copied; filtered,
+    Only the keys the producer's `scope` lets leave (None: every key) are copied; filtered,
     the copy is Opaque. `hash_key` signs the content-hash annotation; None: the unkeyed hash
     (explain, tests).
     """
-    selected = _select(grant, source, source.export_keys)
+    selected = _select(grant, source, scope)
     if isinstance(selected, str):
         return selected
     data, binary, whole = selected

@@ -80,7 +80,8 @@ def _verdict(plan: Plan, namespace: str, ns: Namespace | None = None) -> Consent
     assert grant is not None, "only a live grant's namespaces are explained"
     ns = ns or snap.namespaces.get(namespace)
     source = snap.source if plan.source_state is SourceState.AVAILABLE else None
-    return consent(grant, source, namespace, ns.labels if ns is not None else {})
+    labels = ns.labels if ns is not None else {}
+    return consent(grant, source, namespace, labels, snap.exports_of(grant.source))
 
 
 def _denied_why(plan: Plan, namespace: str) -> str:
@@ -89,9 +90,17 @@ def _denied_why(plan: Plan, namespace: str) -> str:
         return f"refused: {source.refused}"
     verdict = _verdict(plan, namespace)
     if verdict is Consent.NOT_EXPORTED or source is None:
-        return f"producer consent missing: the source has no label {EXPORT_LABEL}=true"
+        return (
+            f"producer consent missing: the source has no label {EXPORT_LABEL}=true "
+            "and no ProjectionExport names it"
+        )
     if verdict is not Consent.EXPORT_TO_MISMATCH:
         return f"consent: {verdict.value}"
+    exports = plan.snapshot.exports_of(source.key)
+    if exports:
+        names = ", ".join(str(e) for e in exports[:5])
+        own = "" if source.labelled else " (the source has no export label)"
+        return f"producer consent missing: no `to` of the exports {names} matches{own}"
     if source.export_to_refused:
         return f"producer consent missing: {source.export_to_refused} (a bound on hostile input)"
     if not source.export_to and not source.ignored_export_to:

@@ -14,7 +14,7 @@ import json
 import re
 import sys
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final, NamedTuple, NewType
@@ -231,20 +231,18 @@ class Source:
     _names: frozenset[str] = field(init=False, repr=False, compare=False)
     _globs: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
+    labelled: bool = True
+    """It carries the export label (the label path's consent); False: cached only because a
+    ProjectionExport names it, and its own export-to and export-keys say nothing."""
+
     def __post_init__(self) -> None:
-        names = frozenset(p for p in self.export_to if not _GLOB.search(p))
+        names, globs = split_audience(self.export_to)
         object.__setattr__(self, "_names", names)
-        object.__setattr__(self, "_globs", tuple(p for p in self.export_to if p not in names))
+        object.__setattr__(self, "_globs", globs)
 
     def exports_to(self, namespace: str) -> bool:
-        """Tell whether the producer allows a copy in `namespace` (default deny).
-
-        Names are a set lookup; the globs are one regular expression, compiled once per set
-        of globs (`_globs_regex`): never one fnmatch per pattern per namespace.
-        """
-        if namespace in self._names or "*" in self._globs:
-            return True
-        return bool(self._globs) and _globs_regex(self._globs).fullmatch(namespace) is not None
+        """Tell whether its label and export-to allow a copy in `namespace` (default deny)."""
+        return self.labelled and in_audience(self._names, self._globs, namespace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +293,28 @@ def _globs_regex(globs: tuple[str, ...]) -> re.Pattern[str]:
     Bounded: at most 256 sets are kept, each of at most `MAX_EXPORT_TO_GLOBS` globs.
     """
     return re.compile("|".join(f"(?:{fnmatch.translate(g)})" for g in globs))
+
+
+def glob_count(patterns: Iterable[str]) -> int:
+    """How many of `patterns` are globs (each costs a part of a compiled expression)."""
+    return sum(_GLOB.search(p) is not None for p in patterns)
+
+
+def split_audience(patterns: tuple[str, ...]) -> tuple[frozenset[str], tuple[str, ...]]:
+    """Namespace names and globs, apart: the names are a set lookup, the globs one regex."""
+    names = frozenset(p for p in patterns if not _GLOB.search(p))
+    return names, tuple(p for p in patterns if p not in names)
+
+
+def in_audience(names: frozenset[str], globs: tuple[str, ...], namespace: str) -> bool:
+    """Tell whether a namespace is among `names` or matches one of `globs` (`split_audience`).
+
+    Never one fnmatch per pattern per namespace: the globs are one regular expression,
+    compiled once per set of globs (`_globs_regex`).
+    """
+    if namespace in names or "*" in globs:
+        return True
+    return bool(globs) and _globs_regex(globs).fullmatch(namespace) is not None
 
 
 def is_exported(labels: Mapping[str, str]) -> bool:
@@ -376,7 +396,7 @@ def parse_source(
     value = (meta.get("annotations") or {}).get(EXPORT_TO_ANNOTATION)
     too_big = export_to_too_big(value)
     patterns = () if too_big else parse_export_to(value)
-    if sum(_GLOB.search(p) is not None for p in patterns) > MAX_EXPORT_TO_GLOBS:
+    if glob_count(patterns) > MAX_EXPORT_TO_GLOBS:
         too_big = f"export-to has more than {MAX_EXPORT_TO_GLOBS} globs; ignored as a whole"
         patterns = ()
     ignored = invalid_export_to(patterns)
@@ -397,6 +417,7 @@ def parse_source(
         withheld=not content,
         export_keys=keys,
         export_keys_refused=keys_refused,
+        labelled=is_exported(meta.get("labels") or {}),
     )
 
 

@@ -8,9 +8,10 @@ producer both). The planner, the writer and `explain` all ask these.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 
+from projector.core.exports import Export, consented
 from projector.core.model import (
     GRANT_LABEL,
     ON_REVOKE_ANNOTATION,
@@ -65,7 +66,7 @@ def claim(snap: Snapshot, copy: Copy, ns: Namespace | None = None) -> Claim:
             and copy.key.kind is grant.kind
             and copy.annotations.get(SOURCE_ANNOTATION) == str(grant.source)
             and snap.source_state is SourceState.AVAILABLE
-            and wants(grant, snap.source, ns)
+            and wants(grant, snap.source, ns, snap.exports_of(grant.source))
         )
         return Claim.ADOPT if adopt else Claim.ORPHAN
     if (
@@ -74,7 +75,7 @@ def claim(snap: Snapshot, copy: Copy, ns: Namespace | None = None) -> Claim:
         and any(
             r.uid == uid
             and r.seniority > grant.seniority
-            and wants(r, snap.rival_sources.get(r.source), ns)
+            and wants(r, snap.rival_sources.get(r.source), ns, snap.exports_of(r.source))
             for r in snap.rivals
         )
     ):
@@ -115,35 +116,42 @@ class Consent(StrEnum):
     NOT_TARGETED = "NotTargeted"
     """The admin's grant neither lists the namespace nor selects it."""
     NOT_EXPORTED = "NotExported"
-    """No source carries the export label: the producer has not opted in (or no longer)."""
+    """Neither the export label nor any ProjectionExport: the producer has not opted in."""
     EXPORT_TO_MISMATCH = "ExportToMismatch"
-    """The producer opted in, but no valid export-to entry matches (missing or empty: nobody)."""
+    """The producer opted in, but neither export-to nor any export's `to` matches."""
 
 
 def consent(
-    grant: Grant, source: Source | None, namespace: str, labels: Mapping[str, str]
+    grant: Grant,
+    source: Source | None,
+    namespace: str,
+    labels: Mapping[str, str],
+    exports: Sequence[Export] = (),
 ) -> Consent:
     """The one consent rule: may a copy of `grant` exist in `namespace` (with those labels)?
 
-    Both the admin (the grant's list or selector) and the producer (the export label, then the
-    export-to names and globs) must agree, and the source's own namespace never qualifies.
-    `source` is the grant's source as cached, which only a Secret labelled
-    `model.is_exported` ever is: None means the producer has not opted in.
+    Both the admin (the grant's list or selector) and the producer must agree, and the
+    source's own namespace never qualifies. The producer agrees by the export label and its
+    export-to, or by a ProjectionExport of the source whose `to` matches (`consented`).
+    `source` is the grant's source as cached: a labelled one, or one an export names; None
+    means the producer has not opted in.
     """
     if namespace == grant.source.namespace:
         return Consent.SOURCE_NAMESPACE
     if not grant.targets(namespace, labels):
         return Consent.NOT_TARGETED
-    if source is None:
+    if source is None or (not source.labelled and not exports):
         return Consent.NOT_EXPORTED
-    if not source.exports_to(namespace):
+    if consented(source, exports, namespace) is None:
         return Consent.EXPORT_TO_MISMATCH
     return Consent.GRANTED
 
 
-def wants(grant: Grant, source: Source | None, ns: Namespace) -> bool:
+def wants(
+    grant: Grant, source: Source | None, ns: Namespace, exports: Sequence[Export] = ()
+) -> bool:
     """Tell whether both the admin and the producer want a copy of `grant` in `ns`."""
-    return consent(grant, source, ns.name, ns.labels) is Consent.GRANTED
+    return consent(grant, source, ns.name, ns.labels, exports) is Consent.GRANTED
 
 
 def _recorded_policy(copy: Copy) -> OnRevoke:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from projector.core.desired import Desired
+from projector.core.exports import Export
 from projector.core.model import Copy, Grant, GrantRecord, Namespace, ObjectKey, Source, SourceKind
 
 
@@ -100,6 +101,9 @@ class Step:
     """The copy acted on; its uid and resourceVersion are the write's preconditions."""
     name: str = ""
     message: str = ""
+    desired: Desired | None = None
+    """The copy a namespace both consents grant should hold (its keys are the producer's
+    scope there); None where nothing is to be held."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +176,12 @@ class Snapshot:
     """The cached grant object behind `grant` (its stored status), or why it is invalid."""
     protected: AbstractSet[str] = frozenset()
     """Namespaces never written into, whatever the grant targets (`Config.protected`)."""
+    exports: Mapping[ObjectKey, tuple[Export, ...]] = field(default_factory=dict)
+    """The ProjectionExports naming the grant's source and its rivals' sources, by source."""
+
+    def exports_of(self, key: ObjectKey) -> tuple[Export, ...]:
+        """The exports that name source `key` (none: the label path alone may consent)."""
+        return self.exports.get(key, ())
 
 
 class Result(StrEnum):

@@ -14,11 +14,13 @@ A grant name with no live grant behind it still gets a plan: it revokes what tha
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from projector.core.desired import Desired, desired_copy, unexported_key
+from projector.core.exports import consented
 from projector.core.model import Copy, Grant, HashKey, Namespace, ObjectKey, Source
 from projector.core.ownership import Claim, Consent, claim, consent, may_write, policy, wants
 from projector.core.plans import (
@@ -36,9 +38,16 @@ from projector.core.plans import (
 _NO_LABELS: Mapping[str, str] = MappingProxyType({})
 
 
+Scope = frozenset[str] | None
+"""The keys the producer lets leave into a namespace (None: every key): `exports.consented`."""
+
+
 @dataclass(frozen=True, slots=True)
 class Offer:
-    """What the grant's source offers this reconcile, the same in every namespace."""
+    """What the grant's source offers this reconcile under one key scope.
+
+    Read once per scope, however many namespaces share it (`scoped`): most grants meet one.
+    """
 
     state: SourceState
     source: Source | None
@@ -49,6 +58,18 @@ class Offer:
     """The first granted key the source lacks."""
     refused_key: str = ""
     """The first granted key the producer's key scope does not let leave: nothing is written."""
+    grant: Grant | None = None
+    hash_key: HashKey | None = None
+    variants: dict[Scope, Offer] = field(default_factory=dict, repr=False, compare=False)
+
+    def scoped(self, keys: Scope) -> Offer:
+        """The offer where the producer lets `keys` leave (built once per scope)."""
+        if self.source is None or self.grant is None:
+            return self
+        got = self.variants.get(keys)
+        if got is None:
+            got = self.variants[keys] = _build(self.state, self.source, self.grant, keys, self)
+        return got
 
 
 def offer(snap: Snapshot, grant: Grant, hash_key: HashKey | None = None) -> Offer:
@@ -61,12 +82,17 @@ def offer(snap: Snapshot, grant: Grant, hash_key: HashKey | None = None) -> Offe
     source = snap.source if state is SourceState.AVAILABLE else None
     if source is None:
         return Offer(state, None, None)
-    if refused := unexported_key(grant, source.export_keys):
-        return Offer(state, source, None, refused_key=refused)
-    built = desired_copy(grant, source, hash_key)
+    return Offer(state, source, None, grant=grant, hash_key=hash_key)
+
+
+def _build(state: SourceState, source: Source, grant: Grant, keys: Scope, base: Offer) -> Offer:
+    hash_key, variants = base.hash_key, base.variants
+    if refused := unexported_key(grant, keys):
+        return Offer(state, source, None, "", refused, grant, hash_key, variants)
+    built = desired_copy(grant, source, hash_key, keys)
     if isinstance(built, Desired):
-        return Offer(state, source, built)
-    return Offer(state, source, None, built)
+        return Offer(state, source, built, "", "", grant, hash_key, variants)
+    return Offer(state, source, None, built, "", grant, hash_key, variants)
 
 
 def plan(snap: Snapshot, hash_key: HashKey | None = None) -> Plan:
@@ -105,7 +131,17 @@ def plan(snap: Snapshot, hash_key: HashKey | None = None) -> Plan:
 
     # "a namespace stops being targeted": what the grant name holds where it no longer aims.
     steps.extend(_unwanted(snap, got, c) for k, c in held.items() if k not in handled)
-    return Plan(snap, got.state, got.desired, tuple(steps), matched)
+    return Plan(snap, got.state, _most_held(steps), tuple(steps), matched)
+
+
+def _most_held(steps: list[Step]) -> Desired | None:
+    """The copy most namespaces should hold: the one a grant of one key scope writes everywhere.
+
+    Its writes' echoes are told by it (`Controller._want`).
+    """
+    held = {id(s.desired): s.desired for s in steps if s.desired is not None}
+    counts = Counter(id(s.desired) for s in steps if s.desired is not None)
+    return held[counts.most_common(1)[0][0]] if counts else None
 
 
 def decide(
@@ -117,7 +153,9 @@ def decide(
     on it. None: the source's own namespace, merely selected (nothing to report).
     """
     ns = snap.namespaces.get(name)
-    verdict = consent(grant, got.source, name, ns.labels if ns is not None else _NO_LABELS)
+    exports = snap.exports_of(grant.source)
+    labels = ns.labels if ns is not None else _NO_LABELS
+    verdict = consent(grant, got.source, name, labels, exports)
     target = grant.target_name
     # "source namespace == target namespace with the same name": refused; condition, no write.
     # A copy the grant holds there (its source moved into that namespace) is no longer wanted:
@@ -159,6 +197,9 @@ def decide(
     # export label, or export-to stops matching": copies there handled by onRevoke; Denied
     if verdict is not Consent.GRANTED:
         return _withdraw(snap, name, target, mine, Reason.DENIED)
+    # the producer's key scope here: the keys its consenting label or exports let leave
+    scope = consented(got.source, exports, name)
+    got = got.scoped(scope.keys if scope is not None else None)
     # "export-keys scopes keys": a grant naming another key writes nothing there, the key named;
     # what it held there follows onRevoke, as when the producer withdraws
     if got.refused_key:
@@ -231,7 +272,13 @@ def _orphaned(snap: Snapshot, orphan: Copy, then: Step) -> Step:
         return Step(then.namespace, Action.NOOP, Reason.CONFLICT, orphan, then.name, ORPHAN_MESSAGE)
     if gone.action is Action.DELETE and then.action is Action.CREATE:
         return Step(
-            then.namespace, Action.REPLACE, Reason.PROJECTED, orphan, then.name, ORPHAN_DELETED
+            then.namespace,
+            Action.REPLACE,
+            Reason.PROJECTED,
+            orphan,
+            then.name,
+            ORPHAN_DELETED,
+            then.desired,
         )
     return gone
 
@@ -268,7 +315,7 @@ def _converge(snap: Snapshot, desired: Desired, ns: Namespace, existing: Copy | 
     """Bring the copy in one wanted namespace to the desired content, if `claim` says we may."""
     name = desired.name
     if existing is None:
-        return Step(ns.name, Action.CREATE, Reason.PROJECTED, None, name)
+        return Step(ns.name, Action.CREATE, Reason.PROJECTED, None, name, desired=desired)
     if not may_write(snap, existing, ns):
         why = conflict_message(desired.kind)
         return Step(ns.name, Action.NOOP, Reason.CONFLICT, existing, name, why)
@@ -285,6 +332,7 @@ def _converge(snap: Snapshot, desired: Desired, ns: Namespace, existing: Copy | 
             message=f"type {existing.type} -> {desired.type}"
             if existing.type != desired.type
             else "the copy was made immutable",
+            desired=desired,
         )
     action = Action.NOOP if in_sync else Action.UPDATE
-    return Step(ns.name, action, Reason.PROJECTED, existing, name)
+    return Step(ns.name, action, Reason.PROJECTED, existing, name, desired=desired)

@@ -154,8 +154,8 @@ class Metrics:
             if (
                 step.action is Action.UPDATE
                 and step.existing is not None
-                and plan.desired is not None
-                and plan.desired.stamped(step.existing.annotations.get(HASH_ANNOTATION))
+                and step.desired is not None
+                and step.desired.stamped(step.existing.annotations.get(HASH_ANNOTATION))
             ):
                 self.drift_corrections.inc()  # our content hash, other content: someone edited
         if projected and since is not None:

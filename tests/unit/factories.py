@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from projector.core.desired import Desired, desired_copy
+from projector.core.exports import Export
 from projector.core.model import (
     GRANT_LABEL,
     GRANT_UID_ANNOTATION,
@@ -36,7 +37,7 @@ from projector.core.model import (
 )
 from projector.core.names import FIELD_MANAGER
 from projector.core.plans import Action, Plan, Reason, Snapshot, SourceState
-from tests.support import b64 as b64  # the unit tests take it from here
+from tests.bed.kube import b64 as b64  # the unit tests take it from here
 
 SRC_NS = "src"
 SRC_NAME = "hub"
@@ -91,6 +92,7 @@ def make_source(
     type_: str = "Opaque",
     export_to: str | tuple[str, ...] = "*",
     export_keys: frozenset[str] | None = None,
+    labelled: bool = True,
 ) -> Source:
     return Source(
         key=ObjectKey(namespace, name),
@@ -100,6 +102,7 @@ def make_source(
         export_to=parse_export_to(export_to) if isinstance(export_to, str) else export_to,
         refused=refused_source({"type": type_}, SourceKind.SECRET),
         export_keys=export_keys,
+        labelled=labelled,
     )
 
 
@@ -295,6 +298,7 @@ def make_snapshot(
     rivals: Iterable[Grant] = (),
     rival_sources: Mapping[ObjectKey, Source] | None = None,
     grant_name: str | None = None,
+    exports: Iterable[Export] = (),
 ) -> Snapshot:
     """A snapshot; live grant uids are the grant's, the rivals' and `extra_live`."""
     rivals = tuple(rivals)
@@ -314,6 +318,35 @@ def make_snapshot(
         live_grant_uids=frozenset(live),
         rivals=rivals,
         rival_sources=dict(rival_sources or {}),
+        exports=_by_source(exports),
+    )
+
+
+def _by_source(exports: Iterable[Export]) -> dict[ObjectKey, tuple[Export, ...]]:
+    out: dict[ObjectKey, tuple[Export, ...]] = {}
+    for e in exports:
+        out[e.source] = (*out.get(e.source, ()), e)
+    return out
+
+
+def make_export(
+    to: tuple[str, ...] = ("*",),
+    keys: frozenset[str] | None = None,
+    *,
+    name: str = "hub-token",
+    namespace: str = SRC_NS,
+    source: str = SRC_NAME,
+    refused: str = "",
+) -> Export:
+    """A ProjectionExport of the default source (its namespace), to `to`, of `keys`."""
+    return Export(
+        namespace=namespace,
+        name=name,
+        uid=Uid(f"uid-export-{namespace}-{name}"),
+        source=ObjectKey(namespace, source),
+        keys=keys,
+        to=to,
+        refused=refused,
     )
 
 
