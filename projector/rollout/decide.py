@@ -1,7 +1,9 @@
 """Opt-in rollouts, the decision: which workloads restart, and the annotations that do it.
 
 A Deployment, StatefulSet or DaemonSet asks with the annotation
-`projector.nebari.dev/rollout-on: <copy>[,<copy>...]` (copies in its own namespace). When the
+`projector.nebari.dev/rollout-on: <copy>[,<copy>...]` (copies in its own namespace), on its own
+metadata or on its pod template (charts often let users annotate only the latter); it asks for
+the union of the two (`asked_for`). When the
 content hash (the copy's `content-hash` annotation, which projector writes with the data) of a
 named copy that projector owns differs from the one its pods were started with, projector
 server-side applies, as field manager `projector-rollout`, the pod-template annotation
@@ -15,7 +17,9 @@ rollout, the baseline `projector.nebari.dev/seen-<copy>` on the workload's own m
 first sight projector records the hash there instead of rolling, so opting in restarts
 nothing. A rollout is never started while the last one still progresses. Every apply carries
 all of projector's stamps of the workload, so server-side apply never drops one (a dropped
-template annotation would itself roll the pods). No I/O here: `wing` does it.
+template annotation would itself roll the pods), and never the user's `rollout-on` on the
+template, which starts with the stamps' prefix but is no stamp: the apply neither drops it nor
+takes it over, and no copy's stamp key is ever that key. No I/O here: `wing` does it.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ from projector.core.kinds import DAEMONSETS, DEPLOYMENTS, STATEFULSETS, Obj, Res
 from projector.core.model import HASH_ANNOTATION, PREFIX, Copy
 
 ROLLOUT_ON = f"{PREFIX}rollout-on"
-"""On a workload: the copies (names in its namespace) whose content changes roll it."""
+"""On a workload or its pod template: the copies (names in its namespace) whose content
+changes roll it. The user's, never applied by projector."""
 STAMP = f"{PREFIX}rollout-"
-"""Prefix of the pod-template annotation that carries a copy's stamp (`stamp_of`)."""
+"""Prefix of the pod-template annotation that carries a copy's stamp (`stamp_of`); `ROLLOUT_ON`
+shares it and is no stamp."""
 SEEN = f"{PREFIX}seen-"
 """Prefix of the workload annotation that records a copy's stamp when first seen (no roll)."""
 FIELD_MANAGER = "projector-rollout"
@@ -74,9 +80,11 @@ class Workload:
     ref: Ref
     uid: str
     copies: tuple[str, ...]
-    """The copies named by its rollout-on annotation; empty: not opted in (never cached)."""
+    """The copies named by its rollout-on annotations, on its metadata and on its pod template
+    (`asked_for`); empty: not opted in (never cached)."""
     stamps: tuple[tuple[str, str], ...]
-    """Its pod template's rollout-* annotations: what its pods were rolled for."""
+    """Its pod template's rollout-<copy> annotations (not rollout-on): what its pods were rolled
+    for."""
     seen: tuple[tuple[str, str], ...]
     """Its own seen-* annotations: the baselines recorded on first sight."""
     busy: bool
@@ -101,17 +109,26 @@ class Decision:
         return self.stamps != w.stamps or self.seen != w.seen
 
 
-def _part(copy: str, room: int) -> str:
-    """A copy's name as the tail of an annotation key; a long name is cut and made unique."""
-    if len(copy) <= room:
+def _part(copy: str, room: int, *, digest: bool = False) -> str:
+    """A copy's name as the tail of an annotation key; a long name is cut and made unique.
+
+    `digest`: add the name's digest even if it fits.
+    """
+    if len(copy) <= room and not digest:
         return copy
-    digest = hashlib.sha256(copy.encode()).hexdigest()[:8]
-    return f"{copy[: room - 9]}-{digest}"
+    tail = hashlib.sha256(copy.encode()).hexdigest()[:8]
+    return f"{copy[: room - 9]}-{tail}"
 
 
 def stamp_key(copy: str) -> str:
-    """The pod-template annotation of `copy` (`projector.nebari.dev/rollout-<copy>`)."""
-    return STAMP + _part(copy, _NAME_MAX - len("rollout-"))
+    """The pod-template annotation of `copy` (`projector.nebari.dev/rollout-<copy>`).
+
+    Never `ROLLOUT_ON`: a copy named `on` gets `rollout-on-<digest>`, so its stamp is not read
+    as the opt-in, and projector never writes the user's annotation.
+    """
+    room = _NAME_MAX - len("rollout-")
+    key = STAMP + _part(copy, room)
+    return STAMP + _part(copy, room, digest=True) if key == ROLLOUT_ON else key
 
 
 def seen_key(copy: str) -> str:
@@ -165,7 +182,11 @@ def decide(w: Workload, hashes: Mapping[str, str]) -> Decision:
 
 
 def manifest(w: Workload, d: Decision) -> Obj:
-    """The apply body: only projector's annotations (metadata and pod template), nothing else."""
+    """The apply body: only projector's annotations (metadata and pod template), nothing else.
+
+    Never the user's rollout-on, in either place: as a field of this manager's apply it would
+    be taken over (the apply is forced) and outlive its removal from the user's manifests.
+    """
     return {
         "apiVersion": RESOURCES[w.ref.kind].version,
         "kind": RESOURCES[w.ref.kind].kind,
@@ -185,7 +206,7 @@ MAX_ROLLOUT_ON_LENGTH = 16384
 
 
 def rollout_on(annotations: Mapping[str, Any]) -> tuple[str, ...]:
-    """The copy names of a rollout-on annotation (comma-separated, blanks ignored).
+    """The copy names of one rollout-on annotation (comma-separated, blanks ignored).
 
     Bounded before it is split: past `MAX_ROLLOUT_ON_LENGTH` characters or
     `MAX_ROLLOUT_ON_ENTRIES` entries it names nothing.
@@ -196,6 +217,26 @@ def rollout_on(annotations: Mapping[str, Any]) -> tuple[str, ...]:
     if len(raw) > MAX_ROLLOUT_ON_LENGTH or raw.count(",") >= MAX_ROLLOUT_ON_ENTRIES:
         return ()
     return tuple(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
+
+
+def asked_for(*places: Mapping[str, Any]) -> tuple[str, ...]:
+    """The copies a workload asks for: the union of the rollout-on annotations of `places`.
+
+    The places are its metadata's, then its pod template's annotations; names come in order,
+    each once. Each annotation is bounded on its own (`rollout_on`: one past the caps names
+    nothing, and the other still counts), and so is the union: past `MAX_ROLLOUT_ON_ENTRIES`
+    names or `MAX_ROLLOUT_ON_LENGTH` characters (joined by commas) it names nothing, so two
+    places ask for no more than one may.
+    """
+    lists = [names for notes in places if (names := rollout_on(notes))]
+    if len(lists) <= 1:  # one place (or none): already bounded
+        return lists[0] if lists else ()
+    names = tuple(dict.fromkeys(n for each in lists for n in each))
+    if len(names) > MAX_ROLLOUT_ON_ENTRIES:
+        return ()
+    if sum(map(len, names)) + len(names) - 1 > MAX_ROLLOUT_ON_LENGTH:
+        return ()
+    return names
 
 
 def _int(value: Any, default: int = 0) -> int:
@@ -235,7 +276,15 @@ def progressing(kind: WorkloadKind, obj: Mapping[str, Any]) -> bool:
 
 
 def _ours(annotations: Mapping[str, Any], prefix: str) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, str(v)) for k, v in annotations.items() if k.startswith(prefix)))
+    """Projector's annotations under `prefix`, never the user's rollout-on.
+
+    The stamps' prefix is also rollout-on's, and an apply carrying it would take it over.
+    """
+    return tuple(
+        sorted(
+            (k, str(v)) for k, v in annotations.items() if k.startswith(prefix) and k != ROLLOUT_ON
+        )
+    )
 
 
 def parser(kind: WorkloadKind) -> Callable[[Obj], Workload]:
@@ -245,11 +294,12 @@ def parser(kind: WorkloadKind) -> Callable[[Obj], Workload]:
         meta = obj["metadata"]
         notes = meta.get("annotations") or {}
         template = ((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}
+        template_notes = template.get("annotations") or {}
         return Workload(
             ref=Ref(kind, meta["namespace"], meta["name"]),
             uid=str(meta.get("uid", "")),
-            copies=rollout_on(notes),
-            stamps=_ours(template.get("annotations") or {}, STAMP),
+            copies=asked_for(notes, template_notes),
+            stamps=_ours(template_notes, STAMP),
             seen=_ours(notes, SEEN),
             busy=progressing(kind, obj),
             resource_version=str(meta.get("resourceVersion", "")),

@@ -4,9 +4,9 @@ What to roll and how is `decide`'s. The newest hash goes out once the last rollo
 (the workload's status events wake the key). Keys wait in a work queue with a window of their
 own (--rollout-debounce, 2 s, at most --rollout-debounce-max, 10 s): a burst of source changes
 reaches a copy as a few writes seconds apart (the hot debounce), and those collapse into one
-or two rollouts, not one each. Only workloads carrying the annotation are cached, and only
-what the decision needs. `Rollouts` holds the caches, the index from copy to workloads, and a
-worker that applies and records an Event and a metric.
+or two rollouts, not one each. Only workloads carrying the annotation (on their metadata or
+their pod template) are cached, and only what the decision needs. `Rollouts` holds the caches,
+the index from copy to workloads, and a worker that applies and records an Event and a metric.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class OptedIn(Cache[Ref, Workload]):
     """A cache that keeps only opted-in workloads: the others' changes are not even noticed."""
 
     def put(self, key: Ref, value: Workload) -> Workload | None:
-        """Store an opted-in workload; one without the annotation is forgotten instead."""
+        """Store an opted-in workload; one that names no copy in either place is forgotten."""
         if not value.copies:
             return self.pop(key)
         return super().put(key, value)
@@ -60,7 +60,9 @@ page is held whole while it is parsed (75 MiB at most, not 750 at the default 50
 def spec(kind: WorkloadKind) -> Spec[Ref, Workload]:
     """How one workload kind is listed and watched.
 
-    Every object: the server cannot select on annotations, so the filter is `OptedIn`'s.
+    Every object: the server cannot select on annotations (the workload's or its pod
+    template's), so the filter is `OptedIn`'s, on the parsed value: each object is parsed once
+    per event whether it opted in or not, and only opted-in ones stay in memory.
     """
     return Spec(kind, RESOURCES[kind], parser(kind), key_of(kind), page=WORKLOAD_PAGE)
 

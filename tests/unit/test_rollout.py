@@ -8,23 +8,28 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from projector import config
 from projector.cache.store import Store
+from projector.client.api import APPLY_PATCH, Request
 from projector.control.queue import WorkQueue
 from projector.control.recorder import Recorder
 from projector.control.writer import Writer
-from projector.core.kinds import DEPLOYMENTS, EVENTS
+from projector.core.kinds import DEPLOYMENTS, EVENTS, Obj
 from projector.core.model import GRANT_LABEL, GRANT_UID_ANNOTATION, HASH_ANNOTATION, GrantRecord
 from projector.rollout.decide import (
+    MAX_ROLLOUT_ON_ENTRIES,
+    MAX_ROLLOUT_ON_LENGTH,
     ROLLOUT_ON,
     Decision,
     Ref,
     Workload,
     WorkloadKind,
+    asked_for,
     decide,
     manifest,
     parser,
@@ -138,6 +143,13 @@ def test_decide(
     d = decide(w, hashes)
     assert dict(d.stamps) == stamps and dict(d.seen) == seen
     assert d.rolled == rolled and d.held == held
+
+
+def test_no_copy_name_makes_a_stamp_key_that_is_the_opt_in() -> None:
+    """A copy named `on` would stamp `rollout-<copy>` = rollout-on: the user's opt-in."""
+    assert stamp_key("on") != ROLLOUT_ON and stamp_key("on").startswith(ROLLOUT_ON + "-")
+    assert len(stamp_key("on").split("/", 1)[1]) <= 63
+    assert stamp_key("on-x") == ROLLOUT_ON + "-x" and stamp_key("one") == ROLLOUT_ON + "e"
 
 
 def test_keys_of_long_copy_names_fit_an_annotation_and_stay_distinct() -> None:
@@ -265,6 +277,103 @@ def test_statefulset_and_daemonset_progress() -> None:
     assert progressing(WorkloadKind.DAEMONSET, ds)
 
 
+def placed(
+    meta: str | None = None, template: str | None = None, **template_notes: str
+) -> dict[str, Any]:
+    """A done Deployment with rollout-on `meta` on its metadata and `template` on its pod
+    template (None: absent), plus other pod-template annotations."""
+    obj = deployment(**DONE)
+    del obj["metadata"]["annotations"][ROLLOUT_ON]
+    if meta is not None:
+        obj["metadata"]["annotations"][ROLLOUT_ON] = meta
+    notes = dict(template_notes)
+    if template is not None:
+        notes[ROLLOUT_ON] = template
+    obj["spec"]["template"]["metadata"]["annotations"] = notes
+    return obj
+
+
+CAP = ",".join(f"c{i}" for i in range(MAX_ROLLOUT_ON_ENTRIES))
+HOSTILE = ",".join(f"c{i}" for i in range(MAX_ROLLOUT_ON_ENTRIES + 1))
+
+
+@pytest.mark.parametrize(
+    ("obj", "copies"),
+    [
+        pytest.param(placed(meta="db,oidc"), ("db", "oidc"), id="metadata-only"),
+        pytest.param(placed(template="db, oidc"), ("db", "oidc"), id="template-only"),
+        pytest.param(
+            placed(meta="db,oidc", template="oidc,hub,db"),
+            ("db", "oidc", "hub"),
+            id="both-with-overlap-union-once-each",
+        ),
+        pytest.param(placed(meta="db", template=""), ("db",), id="empty-template-value"),
+        pytest.param(placed(meta="db", template=HOSTILE), ("db",), id="hostile-template-ignored"),
+        pytest.param(placed(meta=HOSTILE, template="db"), ("db",), id="hostile-metadata-ignored"),
+        pytest.param(
+            placed(template="db," + "x" * MAX_ROLLOUT_ON_LENGTH), (), id="template-past-length"
+        ),
+        pytest.param(placed(meta=CAP, template=CAP), tuple(CAP.split(",")), id="both-at-cap"),
+        pytest.param(
+            placed(meta=CAP, template="extra"), (), id="union-past-the-entry-cap-names-nothing"
+        ),
+        pytest.param(
+            placed(meta="a" * 9000, template="b" * 9000),  # each fits; 18,001 together
+            (),
+            id="union-past-the-length-cap-names-nothing",
+        ),
+        pytest.param(placed(), (), id="removed-from-both"),
+        pytest.param(placed(**{stamp_key("db"): "h1"}), (), id="a-stamp-alone-is-no-opt-in"),
+    ],
+)
+def test_a_workload_asks_for_the_union_of_its_metadata_and_pod_template(
+    obj: dict[str, Any], copies: tuple[str, ...]
+) -> None:
+    assert parser(D)(obj).copies == copies
+
+
+def test_the_union_is_bounded_like_one_annotation() -> None:
+    assert asked_for({ROLLOUT_ON: CAP}, {ROLLOUT_ON: CAP}) == rollout_on({ROLLOUT_ON: CAP})
+    names = [f"n{i}{'z' * 600}" for i in range(30)]  # 30 names, 18,079 characters
+    joined = ",".join(names)
+    assert len(joined) > MAX_ROLLOUT_ON_LENGTH and rollout_on({ROLLOUT_ON: joined}) == ()
+    each = ({ROLLOUT_ON: ",".join(names[:15])}, {ROLLOUT_ON: ",".join(names[15:])})
+    assert all(rollout_on(n) for n in each) and asked_for(*each) == ()
+    exact = "q" * MAX_ROLLOUT_ON_LENGTH  # the union at the cap still counts
+    assert asked_for({ROLLOUT_ON: exact}, {ROLLOUT_ON: exact}) == (exact,)
+
+
+def test_the_templates_rollout_on_is_never_a_stamp_nor_applied() -> None:
+    """The template's rollout-on shares the stamps' prefix: read as a stamp, every apply would
+    carry it, so projector would take it over from the chart (the apply is forced), and the
+    chart could never remove it."""
+    obj = placed(template="db", **{stamp_key("db"): "h1", "other.example/x": "y"})
+    w = parser(D)(obj)
+    assert w.copies == ("db",) and w.stamps == ((stamp_key("db"), "h1"),)
+    body = manifest(w, decide(w, {"db": "h2"}))
+    assert body["spec"]["template"]["metadata"]["annotations"] == {stamp_key("db"): "h2"}
+    assert ROLLOUT_ON not in body["metadata"]["annotations"]
+
+
+@given(
+    st.lists(st.sampled_from(["db", "on", "oidc", "x" * 80]), unique=True, max_size=4),
+    st.booleans(),
+    hashes_st | st.dictionaries(st.just("on"), st.just("h9"), min_size=1),
+    marks,
+)
+def test_no_apply_ever_carries_rollout_on(
+    copies: list[str], on_template: bool, hashes: dict[str, str], stamped: dict[str, str]
+) -> None:
+    value = ",".join(copies)
+    notes = {stamp_key(c): h for c, h in stamped.items()}
+    obj = placed(None if on_template else value, value if on_template else None, **notes)
+    w = parser(D)(obj)
+    assert w.copies == tuple(copies)
+    body = manifest(w, decide(w, hashes))
+    assert ROLLOUT_ON not in body["spec"]["template"]["metadata"]["annotations"]
+    assert ROLLOUT_ON not in body["metadata"]["annotations"]
+
+
 def test_only_opted_in_workloads_are_cached() -> None:
     changes: list[tuple[Any, Any]] = []
     cache = OptedIn(spec(D), lambda old, new: changes.append((old, new)))
@@ -277,6 +386,34 @@ def test_only_opted_in_workloads_are_cached() -> None:
     assert len(cache) == 0
     cache.put(Ref(D, "app", "other"), parse({**plain, "metadata": {**plain["metadata"]}}))
     assert len(cache) == 0 and len(changes) == 2
+
+
+@pytest.mark.parametrize(
+    ("steps", "cached"),
+    [
+        pytest.param([placed(template="db")], True, id="template-only-opted-in"),
+        pytest.param([placed(template="db"), placed()], False, id="removed-from-the-template"),
+        pytest.param(
+            [placed(meta="db", template="db"), placed(template="db")],
+            True,
+            id="removed-from-one-place-still-opted-in",
+        ),
+        pytest.param(
+            [placed(meta="db", template="db"), placed()], False, id="removed-from-both-places"
+        ),
+        pytest.param([placed(template=HOSTILE)], False, id="hostile-template-alone-not-cached"),
+        pytest.param(
+            [placed(**{stamp_key("db"): "h1"})], False, id="stamps-left-behind-not-cached"
+        ),
+    ],
+)
+def test_the_cache_keeps_a_workload_opted_in_in_either_place(
+    steps: list[dict[str, Any]], cached: bool
+) -> None:
+    cache = OptedIn(spec(D), lambda old, new: None)
+    for obj in steps:
+        cache.put(REF, parser(D)(obj))
+    assert (REF in set(cache)) is cached
 
 
 # --- the edge, over the in-memory API double -----------------------------------------------------
@@ -331,6 +468,57 @@ async def test_rollouts_apply_once_record_an_event_and_count_it() -> None:
         )
         == 1
     )
+
+
+async def test_a_template_opt_in_is_baselined_then_rolled_and_its_annotation_left_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api = FakeApi()
+    bodies: list[dict[str, Any]] = []  # what each apply sends
+    send = api.send
+
+    async def recording(req: Request) -> Obj:
+        if req.content_type == APPLY_PATCH and req.body is not None:
+            bodies.append(orjson.loads(req.body) if isinstance(req.body, bytes) else req.body)
+        return await send(req)
+
+    monkeypatch.setattr(api, "send", recording)
+    store = Store(api)
+    metrics = Metrics()
+    writer = Writer(api, metrics=metrics)
+    queue: WorkQueue[Ref] = WorkQueue()
+    rollouts = Rollouts(
+        store, writer, queue=queue, metrics=metrics, recorder=Recorder(writer, "test")
+    )
+    for c in (*store.caches, *rollouts.caches):
+        c.synced.set()
+        c.healthy.set()
+    grant = make_grant(namespaces=["app"], target_name="db")
+    store.grants.put(grant.name, GrantRecord(grant.name, grant.uid, 1, grant, None))
+    copy = copy_from(desired_of(grant, make_source()), "app")
+    store.copies.put(copy.key, copy)
+    h1 = stamp_of(copy.annotations[HASH_ANNOTATION], copy.uid)
+    obj = api.add(DEPLOYMENTS, placed(template="db", **{"checksum/config": "c1"}))
+    cache = rollouts._by_kind[D]
+    cache.put(REF, cache.spec.parse(obj))
+
+    assert await rollouts.reconcile(REF)  # first sight: the baseline only, on the metadata
+    stored = api.get_object(DEPLOYMENTS, "app", "web")
+    assert stored is not None and stored["metadata"]["annotations"][B] == h1
+    template = {ROLLOUT_ON: "db", "checksum/config": "c1"}
+    assert stored["spec"]["template"]["metadata"]["annotations"] == template
+    assert len(bodies) == 1 and bodies[0]["spec"]["template"]["metadata"]["annotations"] == {}
+
+    changed = copy_from(desired_of(grant, make_source(data={"token": "dDE="})), "app")
+    store.copies.put(changed.key, changed)
+    h2 = stamp_of(changed.annotations[HASH_ANNOTATION], changed.uid)
+    assert await rollouts.reconcile(REF)
+    stored = api.get_object(DEPLOYMENTS, "app", "web")
+    assert stored is not None
+    assert stored["spec"]["template"]["metadata"]["annotations"] == {**template, S: h2}
+    assert len(bodies) == 2 and bodies[1]["spec"]["template"]["metadata"]["annotations"] == {S: h2}
+    assert await rollouts.reconcile(REF)  # nothing more to do
+    assert applies(api) == 2
 
 
 def applies(api: FakeApi) -> int:
