@@ -33,20 +33,20 @@ install: .venv/.synced ## create .venv from the lock file
 	touch $@
 
 binaries: ## build (or reuse) etcd, kube-apiserver, -controller-manager, -scheduler, kubelet, kubectl
-	tests/controlplane/build.sh >/dev/null
+	tests/bed/controlplane/build.sh >/dev/null
 
-helm: ## build (or reuse) helm from its Go module (tests/helm/build.sh; cold: ~11 min)
-	tests/helm/build.sh >/dev/null
+helm: ## build (or reuse) helm from its Go module (tests/bed/helm/build.sh; cold: ~11 min)
+	tests/bed/helm/build.sh >/dev/null
 
 manifests: install helm ## regenerate deploy/install.yaml, deploy/crds, deploy/rbac, docs/reference from the chart
-	$(PY) -m tests.helm.chart
+	$(PY) -m tests.bed.helm.chart
 
 docs: install ## build the docs site (mkdocs-material, --strict) into .local/site
 	.venv/bin/mkdocs build --strict --site-dir .local/site
 
 # The image: with a running Docker or Podman engine if there is one (a docker CLI without a daemon
 # counts as none), else with buildah, daemonless (`--isolation chroot`), from a local Python base
-# made by debootstrap (no registry needed; tests/node/images.py). buildah's storage and config
+# made by debootstrap (no registry needed; tests/bed/node/images.py). buildah's storage and config
 # stay under .local/buildah. When a node runs (`make node-up`), the image is imported into it.
 # CONTAINER_ENGINE=docker|podman|buildah picks one explicitly.
 IMAGE ?= localhost/projector:dev
@@ -61,20 +61,20 @@ image: install ## build the controller image (Docker/Podman if running, else bui
 	if [ -z "$$engine" ] || [ "$$engine" = buildah ]; then \
 	  $(MAKE) -s node-packages; \
 	  echo "make image: building $(IMAGE) with buildah (no Docker or Podman engine runs here)"; \
-	  $(PY) -m tests.node image --image $(IMAGE); \
+	  $(PY) -m tests.bed.node image --image $(IMAGE); \
 	else \
 	  echo "make image: building $(IMAGE) with $$engine"; \
 	  $$engine build -t $(IMAGE) .; \
 	fi
 
 prometheus: ## build (or reuse) prometheus and promtool from their Go module
-	tests/prometheus/build.sh >/dev/null
+	tests/bed/prometheus/build.sh >/dev/null
 
-otelcol: ## build (or reuse) the OpenTelemetry Collector the tracing tests export to (tests/otel/build.sh)
-	tests/otel/build.sh >/dev/null
+otelcol: ## build (or reuse) the OpenTelemetry Collector the tracing tests export to (tests/bed/otel/build.sh)
+	tests/bed/otel/build.sh >/dev/null
 
-generate: install ## rewrite docs/metrics.md, the dashboard and the alert rules from observability/
-	$(PY) -m observability
+generate: install ## rewrite docs/metrics.md, the dashboard and the alert rules from tests/bed/observability/
+	$(PY) -m tests.bed.observability
 
 observability-docs: install binaries prometheus ## redraw docs/observability.md from a real Prometheus run (its long scenario: ~6 min)
 	PROJECTOR_UPDATE_DOCS=1 PROJECTOR_LONG_FAULTS=1 $(PY) -m pytest -q tests/integration/test_observability.py
@@ -102,7 +102,7 @@ test: install binaries helm prometheus otelcol node-binaries lint docs ## everyt
 COMPAT_TESTS := tests/harness/test_control_plane.py::test_version_is_pinned \
   $(addprefix tests/integration/,test_crd.py test_validate.py test_helm.py test_rows.py test_safety.py test_consent.py)
 compat: install helm ## the CRD, admission and semantics tests on the oldest and newest Kubernetes the chart supports
-	source tests/controlplane/versions.env; for v in $$KUBE_COMPAT_VERSIONS; do \
+	source tests/bed/controlplane/versions.env; for v in $$KUBE_COMPAT_VERSIONS; do \
 	  echo "== Kubernetes $$v"; \
 	  PROJECTOR_KUBE_VERSION=$$v PROJECTOR_KUBE_CMDS="kube-apiserver kube-controller-manager kube-scheduler" \
 	    $(PY) -m pytest -q $(COMPAT_TESTS); \
@@ -143,7 +143,7 @@ fmt: install
 	.venv/bin/ruff format .
 
 demo: install binaries ## start a local control plane and watch a projection happen
-	$(PY) -m tests.demo
+	$(PY) -m tests.bed.demo
 
 # The rotation-to-pod benchmark needs the one real node of this machine: NODE_LOCK (a flock
 # file, e.g. a shared machine's node slot) queues it behind other users of the node.
@@ -158,26 +158,26 @@ bench-quick: install binaries .local/prod-venv/.synced ## the same benchmarks at
 	$(PY) -m benchmarks.report --results benchmarks/results-quick --target benchmarks/results-quick/benchmarks.md
 
 clean: ## remove local state (the binary cache outside the repo is kept)
-	-$(PY) -m tests.node down
-	-$(PY) -m tests.controlplane down
+	-$(PY) -m tests.bed.node down
+	-$(PY) -m tests.bed.controlplane down
 	rm -rf .local/cluster .local/kubeconfig .local/node .local/node.env .local/images
 
 # Local clusters.
-# cluster-*: etcd + kube-apiserver + kube-controller-manager on loopback (tests/controlplane);
+# cluster-*: etcd + kube-apiserver + kube-controller-manager on loopback (tests/bed/controlplane);
 # kind-*: a kind cluster for users with a Docker engine (tests/kind). Kubeconfigs go to .local/.
 cluster-up: install ## start (or reuse) the local control plane; admin kubeconfig in .local/kubeconfig
-	$(PY) -m tests.controlplane up
+	$(PY) -m tests.bed.controlplane up
 
 cluster-down: install ## stop the local control plane
-	$(PY) -m tests.controlplane down
+	$(PY) -m tests.bed.controlplane down
 
 kind-up: ## create (or reuse) kind cluster "projector" (needs Docker); .local/kind-kubeconfig
-	tests/kind/kind.sh up
+	tests/bed/kind/kind.sh up
 
 kind-down: ## delete the kind cluster
-	tests/kind/kind.sh down
+	tests/bed/kind/kind.sh down
 
-# The local node: kubelet + containerd + runc joined to the local control plane (tests/node).
+# The local node: kubelet + containerd + runc joined to the local control plane (tests/bed/node).
 # Debian's packages come from this rule, never by hand: apt-get as root, only the missing ones,
 # so a second run does nothing.
 NODE_PACKAGES := runc umoci skopeo buildah debootstrap containernetworking-plugins busybox-static gcc libc6-dev iproute2 iptables nftables
@@ -192,10 +192,10 @@ node-packages: ## install (only if missing) Debian's runc, umoci, skopeo, builda
 	fi
 
 node-binaries: node-packages ## build (or reuse) kubelet, containerd (+shim, ctr) and the pause binary
-	tests/node/build.sh >/dev/null
+	tests/bed/node/build.sh >/dev/null
 
 node-up: install binaries node-binaries ## start (or reuse) the control plane and a node; .local/node.env
-	$(PY) -m tests.node up
+	$(PY) -m tests.bed.node up
 
 node-down: install ## stop the node (and put back everything it changed on the host)
-	$(PY) -m tests.node down
+	$(PY) -m tests.bed.node down

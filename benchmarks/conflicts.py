@@ -48,10 +48,11 @@ from benchmarks.harness import (
 from projector.client.api import Api, Request
 from projector.client.kube import Kube
 from projector.control.conflicts import ConflictWatches
+from projector.core.grantspec import parse_grant
 from projector.core.kinds import GRANTS, SECRETS, Obj
-from projector.core.model import SourceKind
-from projector.core.plans import Action, Outcome, Plan, Reason, SourceState, Step
-from tests.launcher import ControllerProcess
+from projector.core.model import SourceKind, parse_source
+from projector.core.plans import Action, Outcome, Plan, Reason, Snapshot, SourceState, Step
+from tests.bed.launcher import ControllerProcess
 
 SRC = "cf-src"
 LABEL = {"bench-conflicts": "many"}
@@ -188,12 +189,23 @@ class _Listing(Api):
         await asyncio.Event().wait()
 
 
+def _snapshot() -> Snapshot:
+    """One grant of a source to one namespace, parsed as the controller parses them."""
+    grant = parse_grant(
+        {
+            "metadata": {"name": "g", "uid": "uid-g", "creationTimestamp": "2024-01-01T00:00:00Z"},
+            "spec": {"source": {"namespace": SRC, "name": "hub"}, "target": {"namespaces": ["a"]}},
+        }
+    )
+    meta = {"namespace": SRC, "name": "hub", "uid": "uid-hub"}
+    source = parse_source({"metadata": meta, "data": {"token": "dDA="}})
+    return Snapshot("g", grant, source, SourceState.AVAILABLE, {}, {}, frozenset({str(grant.uid)}))
+
+
 async def _structures(count: int) -> float:
     """KiB the conflict watches hold for one grant with `count` conflicts at one place."""
-    from tests.unit.factories import make_grant, make_snapshot, make_source
-
     api = _Listing(count)
-    plan = Plan(make_snapshot(make_grant(), make_source()), SourceState.AVAILABLE, None, (), count)
+    plan = Plan(_snapshot(), SourceState.AVAILABLE, None, (), count)
     outcomes = [
         Outcome(
             Step(m["metadata"]["namespace"], Action.CREATE, Reason.PROJECTED, None, "hub"),

@@ -60,9 +60,9 @@ from projector.client.kube import Kube
 from projector.core.kinds import GRANTS, SECRETS
 from projector.core.model import GRANT_LABEL
 from projector.core.names import FIELD_MANAGER
-from tests.otel.harness import Collector
-from tests.otel.harness import binary as otel_binary
-from tests.support import api_client, b64
+from tests.bed.kube import api_client, b64
+from tests.bed.otel.harness import Collector
+from tests.bed.otel.harness import binary as otel_binary
 
 MANAGED = "projector.nebari.dev/managed-by=projector"
 

@@ -28,9 +28,9 @@ from projector.client.kube import Kube
 from projector.config import Config
 from projector.core.kinds import GRANTS, NAMESPACES, SECRETS, Obj
 from projector.errors import Conflict
-from tests.controlplane.plane import ControlPlane, ensure_binaries
-from tests.launcher import REPO, ControllerProcess, launch
-from tests.support import b64
+from tests.bed.controlplane.plane import ControlPlane, ensure_binaries
+from tests.bed.kube import b64
+from tests.bed.launcher import REPO, ControllerProcess, launch
 
 EXPORT = {"projector.nebari.dev/export": "true"}
 EXPORT_ALL = {"projector.nebari.dev/export-to": "*"}

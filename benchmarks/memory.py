@@ -41,7 +41,7 @@ from benchmarks.harness import (
 from benchmarks.scaling import fit
 from projector.client.kube import Kube
 from projector.core.kinds import GRANTS, SECRETS
-from tests.launcher import ControllerProcess, launch
+from tests.bed.launcher import ControllerProcess, launch
 
 SRC = "mem-src"
 SOURCES = 10

@@ -39,7 +39,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from tests.controlplane.plane import cache_dir, free_port, read_versions, tail
+from tests.bed.controlplane.plane import cache_dir, free_port, read_versions, tail
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "peers" / "build.sh"

@@ -1,6 +1,6 @@
 """The latency users feel: source Secret written -> new value read inside a running pod.
 
-On a real node (tests/node: kubelet + containerd + runc) joined to a fresh local control plane,
+On a real node (tests/bed/node: kubelet + containerd + runc) joined to a fresh local control plane,
 a consumer pod mounts the copy as a volume. For each rotation (at a random moment, see
 ``rotations``), t0 is just before the write of the source; t1 is when the new value is read
 from the file *inside the running container* (through ``/proc/<container pid>/root``: the
@@ -9,7 +9,7 @@ the very Secret that is written: no controller between), projector and projectio
 same node, one after the other, against the same control plane, with the same admin identity.
 
 The kubelet's ``syncFrequency`` bounds how soon it rewrites a Secret volume after the copy
-changed: the test node uses 100ms (``tests.node.node.SYNC_FREQUENCY``); Kubernetes' default 1m
+changed: the test node uses 100ms (``tests.bed.node.node.SYNC_FREQUENCY``); Kubernetes' default 1m
 gives the documented 60-90 s, and that is then most of what users wait for, whatever the
 controller.
 
@@ -34,12 +34,12 @@ from kubernetes import client
 from benchmarks.common import summary, write_result
 from benchmarks.harness import controller_python, own_namespace
 from benchmarks.peers import PeerError, PeerUnavailable, Projection
-from tests.controlplane.plane import ControlPlane, ensure_binaries
-from tests.launcher import launch
-from tests.node.images import import_busybox_image
-from tests.node.node import SYNC_FREQUENCY, Node, ensure_node_binaries, missing_prerequisites
-from tests.node.pods import consumer_spec
-from tests.support import api_client, b64, eventually
+from tests.bed.controlplane.plane import ControlPlane, ensure_binaries
+from tests.bed.kube import api_client, b64, eventually
+from tests.bed.launcher import launch
+from tests.bed.node.images import import_busybox_image
+from tests.bed.node.node import SYNC_FREQUENCY, Node, ensure_node_binaries, missing_prerequisites
+from tests.bed.node.pods import consumer_spec
 
 KEY = "password"
 POLL = 0.002

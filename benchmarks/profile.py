@@ -41,7 +41,7 @@ from benchmarks.harness import (
 )
 from projector.client.kube import Kube
 from projector.core.kinds import GRANTS, SECRETS
-from tests.launcher import REPO, ControllerProcess, launch, stop_process
+from tests.bed.launcher import REPO, ControllerProcess, launch, stop_process
 
 RUN_FROM = (
     "import runpy, sys; sys.path.insert(0, sys.argv[1]); del sys.argv[1:4];"

@@ -45,7 +45,7 @@ from benchmarks.harness import (
 from projector.client.kube import Kube
 from projector.core.kinds import GRANTS, SECRETS
 from projector.errors import ServerError
-from tests.support import b64
+from tests.bed.kube import b64
 
 AXIS = "bench-axis"
 SOURCES = 10

@@ -24,8 +24,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from benchmarks.peers import Peer, PeerError, PeerUnavailable, all_peers, stop
-from tests.controlplane.plane import ControlPlane, ensure_binaries
-from tests.support import b64
+from tests.bed.controlplane.plane import ControlPlane, ensure_binaries
+from tests.bed.kube import b64
 
 KEY = "value"
 COPIES = 3  # the default; the first 3 copies are printed one by one

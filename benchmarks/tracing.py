@@ -3,9 +3,9 @@
 Four runs of the same controller (the runtime-only venv, as deployed) on one control plane:
 
 - ``off``: no OTEL_EXPORTER_OTLP_ENDPOINT (trace ids in logs and exemplars only);
-- ``collector up``: exporting to a real OpenTelemetry Collector (tests/otel/) on loopback;
+- ``collector up``: exporting to a real OpenTelemetry Collector (tests/bed/otel/) on loopback;
 - ``collector down``: exporting to a loopback port where nothing listens (refused at once);
-- ``black-holed``: exporting to a port that accepts, reads and never answers (tests/otel).
+- ``black-holed``: exporting to a port that accepts, reads and never answers (tests/bed/otel).
 
 Each run measures, per source update fanned out to `namespaces` copies: the end-to-end time
 (the triggering write sent -> the watch event of the last copy, as benchmarks/harness.py times
@@ -46,9 +46,9 @@ from benchmarks.harness import (
 )
 from projector.client.kube import Kube
 from projector.core.kinds import GRANTS, SECRETS
-from tests.controlplane.plane import free_port
-from tests.launcher import ControllerProcess, launch
-from tests.otel.harness import BlackHole, Collector, binary
+from tests.bed.controlplane.plane import free_port
+from tests.bed.launcher import ControllerProcess, launch
+from tests.bed.otel.harness import BlackHole, Collector, binary
 
 MODES = ("off", "collector up", "collector down", "black-holed")
 

@@ -23,7 +23,7 @@ from benchmarks.common import summary, write_result
 from benchmarks.profile import call_tree, fan_out_world, measured_rounds, start
 from projector.client.kube import Kube
 from projector.core.kinds import GRANTS
-from tests.launcher import REPO
+from tests.bed.launcher import REPO
 
 Samples = dict[str, list[float]]
 

@@ -20,20 +20,22 @@ import pytest
 from kubernetes import client
 
 from tests import reliability
-from tests.controlplane.plane import APISERVER, ControlPlane, ensure_binaries
+from tests.bed.controlplane.plane import APISERVER, ControlPlane, ensure_binaries
+from tests.bed.kube import (
+    api_client,
+    bind_service_account,
+    eventually,
+    request_token,
+    unique_name,
+    write_token_kubeconfig,
+)
 from tests.support import (
     Canaries,
     Cluster,
     NamespaceFactory,
     ServiceAccountKubeconfigFactory,
-    api_client,
-    bind_service_account,
     docker_unavailable_reason,
-    eventually,
-    request_token,
     status_of,
-    unique_name,
-    write_token_kubeconfig,
 )
 
 TESTS_DIR = Path(__file__).resolve().parent

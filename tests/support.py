@@ -1,8 +1,9 @@
-"""Helpers shared by the tests: waiting, naming, ServiceAccount tokens, Docker detection, and the
-`Cluster` through which integration tests arrange and assert (with canary Secret values).
+"""Helpers only the tests use: the `Cluster` through which integration tests arrange and assert
+(with canary Secret values), what must not happen (``consistently``), the audit log's writes,
+scrapers' tokens, Docker detection and the fixtures' signatures.
 
-``eventually`` is the only way tests wait: the API server is eventually consistent (RBAC caches,
-watches, controllers), and fixed sleeps are both slow and flaky.
+Waiting (``eventually``), names, clients and the shipped RBAC are the bed's (`tests.bed.kube`):
+the demo and the benchmarks use them too, and never import this module.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import base64
 import functools
 import json
 import re
-import secrets
-import string
 import subprocess
 import sys
 import time
@@ -22,46 +21,22 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
-import yaml
-from kubernetes import client, config
-from kubernetes.dynamic import DynamicClient
+from kubernetes import client
 
-from tests.controlplane.plane import ControlPlane, kubeconfig_dict, write_kubeconfig
+from tests.bed.kube import (
+    b64,
+    bind_service_account,
+    decode,
+    encode,
+    eventually,
+    request_token,
+    unique_name,
+)
 
 T = TypeVar("T")
 
 GROUP, VERSION, PLURAL = "projector.nebari.dev", "v1alpha1", "projectiongrants"
-
-_SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
-_NOT_DNS = re.compile(r"[^a-z0-9]+")
-
-
-def eventually(
-    condition: Callable[[], T],
-    timeout: float = 30.0,
-    interval: float = 0.05,
-    message: str = "condition was not met",
-) -> T:
-    """Poll ``condition`` until it returns something truthy, and return that.
-
-    Exceptions raised by ``condition`` (e.g. a 404 before an object exists, or a failed ``assert``)
-    count as "not yet". On timeout, raise AssertionError with ``message`` and the last exception
-    or falsy value, so the failure says what was last seen.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = condition()
-        except Exception as exc:
-            last: str = f"last exception: {exc!r}"
-            cause: BaseException | None = exc
-        else:
-            if value:
-                return value
-            last, cause = f"last value: {value!r}", None
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{message} (within {timeout:g}s; {last})") from cause
-        time.sleep(interval)
+EXPORTS = "projectionexports"
 
 
 def consistently(
@@ -83,70 +58,6 @@ def consistently(
         if time.monotonic() >= deadline:
             return
         time.sleep(interval)
-
-
-def unique_name(base: str, max_len: int = 63) -> str:
-    """A DNS-1123 label derived from ``base`` (e.g. a test name) plus a random suffix."""
-    suffix = "".join(secrets.choice(_SUFFIX_ALPHABET) for _ in range(5))
-    slug = _NOT_DNS.sub("-", base.lower()).strip("-").removeprefix("test-")
-    if not slug or not slug[0].isalpha():
-        slug = f"t-{slug}".rstrip("-")
-    slug = slug[: max_len - len(suffix) - 1].rstrip("-")
-    return f"{slug}-{suffix}"
-
-
-def api_client(kubeconfig: Path) -> client.ApiClient:
-    """An official-client ApiClient for one kubeconfig, without touching global configuration."""
-    api = config.new_client_from_config(config_file=str(kubeconfig), persist_config=False)
-    return cast(client.ApiClient, api)
-
-
-def request_token(
-    core_v1: client.CoreV1Api, service_account: str, namespace: str, expiration_seconds: int = 86400
-) -> str:
-    """A bound ServiceAccount token from TokenRequest, what a pod's projected volume would get."""
-    request = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=expiration_seconds)
-    )
-    response = core_v1.create_namespaced_service_account_token(
-        service_account, namespace, body=request
-    )
-    if response.status is None or not response.status.token:
-        raise AssertionError(f"TokenRequest for {namespace}/{service_account} returned no token")
-    return response.status.token
-
-
-def bind_service_account(
-    rbac_v1: client.RbacAuthorizationV1Api,
-    binding: str,
-    cluster_role: str,
-    service_account: str,
-    namespace: str,
-) -> None:
-    """Bind a ClusterRole to a ServiceAccount cluster-wide, the way the chart binds projector's."""
-    rbac_v1.create_cluster_role_binding(
-        client.V1ClusterRoleBinding(
-            metadata=client.V1ObjectMeta(name=binding),
-            role_ref=client.V1RoleRef(
-                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=cluster_role
-            ),
-            subjects=[
-                client.RbacV1Subject(
-                    kind="ServiceAccount", name=service_account, namespace=namespace
-                )
-            ],
-        )
-    )
-
-
-def write_token_kubeconfig(
-    path: Path, plane: ControlPlane, token: str, *, user: str, namespace: str | None = None
-) -> Path:
-    """A kubeconfig for ``plane`` that authenticates with a bearer token."""
-    config_doc = kubeconfig_dict(
-        plane.server, plane.ca_file.read_bytes(), user=user, token=token, namespace=namespace
-    )
-    return write_kubeconfig(path, config_doc)
 
 
 def status_of(call: Callable[[], object]) -> int:
@@ -190,64 +101,10 @@ class ServiceAccountKubeconfigFactory(Protocol):
         ...
 
 
-RBAC = Path(__file__).resolve().parents[1] / "deploy" / "rbac"
 OUTAGE_LANDS_WITHIN = 5.0
 """Seconds from a change made once the API server is ready again after an outage to its first
 copy landing: a correctness bound (no backoff grown by the outage may be waited out), with
 headroom over DESIGN's 2 s target for a shared 2-core machine; the time itself is recorded."""
-"""The shipped RBAC manifests (rendered from the chart by `make manifests`)."""
-
-
-def apply_manifests(api: client.ApiClient, directory: Path) -> int:
-    """Server-side apply every document of `directory/*.yaml`; return how many were applied.
-
-    Idempotent (an object already there is applied again, so a session reusing a plane still
-    has its content checked by the server), and nothing is suppressed: a manifest the API
-    server refuses, or one of a kind it does not know, fails the run.
-    """
-    dynamic = DynamicClient(api)
-    applied = 0
-    for f in sorted(directory.glob("*.yaml")):
-        for doc in yaml.safe_load_all(f.read_text()):
-            if not doc:
-                continue
-            resource = dynamic.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-            dynamic.server_side_apply(
-                resource, body=doc, field_manager="projector-tests", force_conflicts=True
-            )
-            applied += 1
-    return applied
-
-
-def install_rbac(api: client.ApiClient, rbac: Path = RBAC) -> str:
-    """Create projector's namespace and apply the shipped RBAC (`rbac`); return the namespace.
-
-    Idempotent: a session reusing a plane has it applied again.
-    """
-    namespace = "projector-system"
-    core = client.CoreV1Api(api)
-    try:
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    except client.ApiException as e:
-        if e.status != 409:  # only "already exists" is fine
-            raise
-    if not apply_manifests(api, rbac):
-        raise AssertionError(f"no manifest in {rbac}")
-    return namespace
-
-
-def projector_kubeconfig(
-    api: client.ApiClient, plane: ControlPlane, dest: Path, rbac: Path = RBAC
-) -> Path:
-    """Install the shipped RBAC (`rbac`) and write a kubeconfig of its ServiceAccount (never
-    admin).
-
-    The controller under test or in the demo then runs with exactly the shipped permissions.
-    """
-    namespace = install_rbac(api, rbac)
-    token = request_token(client.CoreV1Api(api), "projector", namespace)
-    user = f"system:serviceaccount:{namespace}:projector"
-    return write_token_kubeconfig(dest, plane, token, user=user, namespace=namespace)
 
 
 METRICS_READER = "projector-metrics-reader"
@@ -479,6 +336,36 @@ class Cluster:
         self.grants.append(name)
         return name
 
+    def export(
+        self,
+        namespace: str,
+        source: str,
+        to: list[str],
+        *,
+        keys: list[str] | None = None,
+        name: str | None = None,
+    ) -> str:
+        """Create a ProjectionExport of `source` (a Secret of `namespace`); its name."""
+        name = name or unique_name("export")
+        spec: dict[str, Any] = {"source": {"name": source}, "to": to}
+        if keys is not None:
+            spec["keys"] = keys
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ProjectionExport",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, EXPORTS, body)
+        return name
+
+    def patch_export(self, namespace: str, name: str, spec: dict[str, Any]) -> None:
+        body = {"spec": spec}
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, EXPORTS, name, body)
+
+    def delete_export(self, namespace: str, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, EXPORTS, name)
+
     def get_grant(self, name: str) -> dict[str, Any]:
         obj = self.custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
         return cast(dict[str, Any], obj)
@@ -582,19 +469,6 @@ def or_none(read: Callable[[], T]) -> T | None:
         if e.status == 404:
             return None
         raise
-
-
-def b64(v: str) -> str:
-    """Encode text as the API carries Secret data."""
-    return base64.b64encode(v.encode()).decode()
-
-
-def encode(data: Mapping[str, str]) -> dict[str, bytes | str]:
-    return {k: b64(v) for k, v in data.items()}
-
-
-def decode(data: Mapping[str, bytes | str]) -> dict[str, str]:
-    return {k: base64.b64decode(v).decode() for k, v in data.items()}
 
 
 AUDIT_WRITES = frozenset({"create", "update", "patch", "delete", "deletecollection"})

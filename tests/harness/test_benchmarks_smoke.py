@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from benchmarks.peers import all_peers
-from tests.controlplane.plane import ControlPlane, cache_dir
-from tests.launcher import run_module
+from tests.bed.controlplane.plane import ControlPlane, cache_dir
+from tests.bed.launcher import run_module
 
 EXPECTED = {
     "hotpath",

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 
-from tests.controlplane import plane as plane_module
-from tests.controlplane.plane import (
+from tests.bed.controlplane import plane as plane_module
+from tests.bed.controlplane.plane import (
     APISERVER,
     CONTROLLER_MANAGER,
     ETCD,
@@ -31,17 +31,15 @@ from tests.controlplane.plane import (
     processes_under,
     stop_processes,
 )
-from tests.support import (
-    NamespaceFactory,
-    ServiceAccountKubeconfigFactory,
+from tests.bed.kube import (
     api_client,
     bind_service_account,
     eventually,
     request_token,
-    status_of,
     unique_name,
     write_token_kubeconfig,
 )
+from tests.support import NamespaceFactory, ServiceAccountKubeconfigFactory, status_of
 
 TEST_GROUP = "tests.projector.invalid"
 CEL_MESSAGE = "replicas must not exceed maxReplicas"

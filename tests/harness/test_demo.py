@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.controlplane.plane import ControlPlane
-from tests.demo import NODE_STEPS
-from tests.launcher import run_module
+from tests.bed.controlplane.plane import ControlPlane
+from tests.bed.demo import NODE_STEPS
+from tests.bed.launcher import run_module
 
 
 def test_demo_story_is_observed_end_to_end(control_plane: ControlPlane, tmp_path: Path) -> None:
     result = run_module(
-        "tests.demo",
+        "tests.bed.demo",
         "--root",
         control_plane.root,
         "--kubeconfig",

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.controlplane.plane import proc_stat
-from tests.launcher import run_module
-from tests.support import eventually
+from tests.bed.controlplane.plane import proc_stat
+from tests.bed.kube import eventually
+from tests.bed.launcher import run_module
 
 
 def test_a_module_past_its_timeout_is_killed_with_what_it_started(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Fixtures to run the real `projector run` process against the local control plane.
 
-The controller runs as a subprocess (`tests.launcher`), with a ServiceAccount token bound to the
+The controller runs as a subprocess (`tests.bed.launcher`), with a ServiceAccount token bound to the
 ClusterRole and Role shipped in `deploy/rbac/`, so the shipped permissions are what the tests
 prove; its /metrics is served as shipped (HTTPS, each token reviewed by the API server) and
 read with the token of a scraper bound to the shipped metrics-reader ClusterRole. Tests arrange
@@ -19,10 +19,12 @@ import pytest
 from kubernetes import client
 
 from tests import support
-from tests.controlplane.plane import ControlPlane
-from tests.launcher import ControllerProcess, launch
-from tests.proxy import Relay, relay_to
-from tests.support import Canaries, Cluster, eventually
+from tests.bed import kube
+from tests.bed.controlplane.plane import ControlPlane
+from tests.bed.kube import eventually
+from tests.bed.launcher import ControllerProcess, launch
+from tests.bed.proxy import Relay, relay_to
+from tests.support import Canaries, Cluster
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +36,7 @@ def projector_kubeconfig(
 ) -> Path:
     """A kubeconfig for the ServiceAccount of deploy/rbac/, with exactly the shipped RBAC."""
     dest = tmp_path_factory.mktemp("projector") / "kubeconfig"
-    return support.projector_kubeconfig(admin_client, control_plane, dest)
+    return kube.projector_kubeconfig(admin_client, control_plane, dest)
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +46,7 @@ def metrics_token(admin_client: client.ApiClient) -> str:
     The shipped RBAC is applied here too (idempotent): a module may override
     `projector_kubeconfig` with a function-scoped one.
     """
-    support.install_rbac(admin_client)
+    kube.install_rbac(admin_client)
     return support.scraper_token(admin_client)
 
 

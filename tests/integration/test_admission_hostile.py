@@ -25,19 +25,19 @@ import pytest
 from kubernetes import client, utils
 from kubernetes.dynamic import DynamicClient
 
-from tests.controlplane.plane import ControlPlane
-from tests.helm import chart
-from tests.support import (
+from tests.bed.controlplane.plane import ControlPlane
+from tests.bed.helm import chart
+from tests.bed.kube import (
     RBAC,
     api_client,
     apply_manifests,
     bind_service_account,
     eventually,
     request_token,
-    status_of,
     unique_name,
     write_token_kubeconfig,
 )
+from tests.support import status_of
 
 OWN_NS = "projector-system"  # the release namespace of deploy/rbac/
 HASH_KEY = "projector-hash-key"

@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.launcher import ControllerProcess
-from tests.support import Cluster, NamespaceFactory, audit_writes, b64, eventually
+from tests.bed.kube import b64, eventually
+from tests.bed.launcher import ControllerProcess
+from tests.support import Cluster, NamespaceFactory, audit_writes
 
 MAX_SECRET = 1024 * 1024
 """The API server's limit on a Secret's data (the sum of its values' sizes)."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.launcher import ControllerProcess, run_module
-from tests.support import Cluster, NamespaceFactory, eventually
+from tests.bed.kube import eventually
+from tests.bed.launcher import ControllerProcess, run_module
+from tests.support import Cluster, NamespaceFactory
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

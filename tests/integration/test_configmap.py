@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.controlplane.plane import ControlPlane
-from tests.launcher import ControllerProcess, explain, validate
-from tests.support import Cluster, NamespaceFactory, consistently, eventually
+from tests.bed.controlplane.plane import ControlPlane
+from tests.bed.kube import eventually
+from tests.bed.launcher import ControllerProcess, explain, validate
+from tests.support import Cluster, NamespaceFactory, consistently
 
 CM = "ConfigMap"
 EXPORT_TO = "projector.nebari.dev/export-to"

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.launcher import ControllerProcess, launch
-from tests.support import Canaries, Cluster, eventually, unique_name
+from tests.bed.kube import eventually, unique_name
+from tests.bed.launcher import ControllerProcess, launch
+from tests.support import Canaries, Cluster
 
 EXPORT_LABEL = "projector.nebari.dev/export"
 SELECT = "consent-matrix"

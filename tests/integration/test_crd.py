@@ -19,7 +19,7 @@ from projector.core.model import (
     SourceKind,
 )
 from projector.errors import InvalidGrant
-from tests.support import eventually, unique_name
+from tests.bed.kube import eventually, unique_name
 
 GROUP, VERSION, PLURAL = "projector.nebari.dev", "v1alpha1", "projectiongrants"
 BASE: dict[str, Any] = {

@@ -8,7 +8,8 @@ from collections import Counter
 from typing import Any
 
 from projector.core.model import EXPORT_LABEL
-from tests.support import Cluster, NamespaceFactory, eventually
+from tests.bed.kube import eventually
+from tests.support import Cluster, NamespaceFactory
 
 
 def test_an_event_told_again_is_counted_on_the_one_recorded(

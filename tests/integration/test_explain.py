@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.controlplane.plane import ControlPlane
-from tests.launcher import ControllerProcess, explain
-from tests.support import Canaries, Cluster, NamespaceFactory, eventually, unique_name
+from tests.bed.controlplane.plane import ControlPlane
+from tests.bed.kube import eventually, unique_name
+from tests.bed.launcher import ControllerProcess, explain
+from tests.support import Canaries, Cluster, NamespaceFactory
 
 
 @pytest.fixture

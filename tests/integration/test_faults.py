@@ -26,21 +26,19 @@ import pytest
 from kubernetes import client
 
 from tests import reliability, support
+from tests.bed import kube
+from tests.bed.controlplane.plane import APISERVER, ControlPlane
+from tests.bed.kube import api_client, b64, eventually, unique_name
+from tests.bed.launcher import ControllerProcess
+from tests.bed.proxy import Relay, relay_to
 from tests.conftest import AUDIT_POLICY
-from tests.controlplane.plane import APISERVER, ControlPlane
-from tests.launcher import ControllerProcess
-from tests.proxy import Relay, relay_to
 from tests.support import (
     AuditWrite,
     Canaries,
     Cluster,
     NamespaceFactory,
-    api_client,
     audit_writes,
-    b64,
     deletes_since,
-    eventually,
-    unique_name,
 )
 
 pytestmark = pytest.mark.fault
@@ -326,7 +324,7 @@ def test_watch_expired_after_etcd_compaction_relists_and_deletes_nothing(
     try:
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         k8s = Cluster(core, custom, canaries, "gone")
-        kubeconfig = support.projector_kubeconfig(api, plane, tmp_path / "projector.kubeconfig")
+        kubeconfig = kube.projector_kubeconfig(api, plane, tmp_path / "projector.kubeconfig")
         with relay_to(plane.server, kubeconfig, tmp_path / "relayed") as (relay, relayed):
 
             def namespace(**labels: str) -> str:

@@ -18,9 +18,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.helm import chart
-from tests.launcher import REPO, validate
-from tests.support import unique_name
+from tests.bed.helm import chart
+from tests.bed.kube import unique_name
+from tests.bed.launcher import REPO, validate
 
 ARGOCD = REPO / "deploy" / "argocd"
 YOURS = "https://git.example.org/platform/grants.git"

@@ -32,11 +32,12 @@ from projector.core.model import (
     parse_source,
 )
 from projector.rollout.decide import seen_key, stamp_key, stamp_of
+from tests.bed.kube import eventually
 from tests.integration.test_rollout import (
     IMAGE,
     rollout_rbac,  # noqa: F401  (a fixture, by name)
 )
-from tests.support import Cluster, NamespaceFactory, audit_writes, eventually, or_none
+from tests.support import Cluster, NamespaceFactory, audit_writes, or_none
 from tests.workloads import consumer, copy_hash, revision, stamp
 
 CONTROLLER_NS = "projector-system"

@@ -1,6 +1,6 @@
 """The Helm chart and the manifests generated from it, proven with helm and a real API server.
 
-helm is built from its Go module (tests/helm/build.sh). The install tests run on a second,
+helm is built from its Go module (tests/bed/helm/build.sh). The install tests run on a second,
 fresh control plane started without the CRD, as a new user's cluster is: Helm installs the CRD
 from the chart's crds/, and the release is `projector` in `projector-system`, as the docs say.
 There is no kubelet, so no pod runs; instead the controller runs here as the chart's own
@@ -23,19 +23,13 @@ import pytest
 import yaml
 from kubernetes import client, dynamic
 
-from observability import rules
-from tests.controlplane.plane import CONTROLLER_MANAGER, ControlPlane
-from tests.helm import chart
+from tests.bed.controlplane.plane import CONTROLLER_MANAGER, ControlPlane
+from tests.bed.helm import chart
+from tests.bed.kube import api_client, eventually, request_token, write_token_kubeconfig
+from tests.bed.launcher import REPO, ControllerProcess, launch
+from tests.bed.observability import rules
 from tests.integration import test_big_secrets as big_secrets
-from tests.launcher import REPO, ControllerProcess, launch
-from tests.support import (
-    Canaries,
-    Cluster,
-    api_client,
-    eventually,
-    request_token,
-    write_token_kubeconfig,
-)
+from tests.support import Canaries, Cluster
 
 RELEASE, NAMESPACE = chart.RELEASE, chart.NAMESPACE
 INSTANCE = f"app.kubernetes.io/instance={RELEASE}"
@@ -291,7 +285,7 @@ def test_rollouts_are_off_by_default_and_only_enabling_them_grants_access_to_wor
 def test_the_chart_renders_the_generated_rules_with_the_selector_and_runbook_from_values(
     helm_bin: Path,
 ) -> None:
-    """The chart's PrometheusRule is observability/rules.py's groups, not a copy: with the
+    """The chart's PrometheusRule is tests/bed/observability/rules.py's groups, not a copy: with the
     defaults, exactly deploy/prometheus/rules.yaml; the job selector and runbook base from
     values, never from the release name."""
     on = "--set=metrics.prometheusRule.enabled=true"

@@ -17,8 +17,9 @@ from typing import Any
 
 from kubernetes import client
 
-from tests.launcher import ControllerProcess
-from tests.support import Cluster, NamespaceFactory, eventually
+from tests.bed.kube import eventually
+from tests.bed.launcher import ControllerProcess
+from tests.support import Cluster, NamespaceFactory
 
 EXPORT = "projector.nebari.dev/export"
 EXPORT_TO = "projector.nebari.dev/export-to"

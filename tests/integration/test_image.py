@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.launcher import REPO
+from tests.bed.launcher import REPO
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 

@@ -25,8 +25,9 @@ import pytest
 import yaml
 from kubernetes import client, utils
 
-from tests.launcher import REPO, ControllerProcess
-from tests.support import Cluster, NamespaceFactory, audit_writes, eventually, unique_name
+from tests.bed.kube import eventually, unique_name
+from tests.bed.launcher import REPO, ControllerProcess
+from tests.support import Cluster, NamespaceFactory, audit_writes
 
 NS, LEASE = "projector-system", "projector-leader"
 LEASE_S, RENEW_S, RETRY_S = 3.0, 2.0, 0.5

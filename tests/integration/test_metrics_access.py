@@ -17,8 +17,9 @@ import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.launcher import ControllerProcess, launch, unverified_tls
-from tests.support import Canaries, eventually, metrics_allowed, request_token
+from tests.bed.kube import eventually, request_token
+from tests.bed.launcher import ControllerProcess, launch, unverified_tls
+from tests.support import Canaries, metrics_allowed
 
 
 def scrape(url: str, token: str | None, tls: ssl.SSLContext | None = None) -> tuple[int, str]:

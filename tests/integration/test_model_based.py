@@ -34,7 +34,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.controlplane.plane import ControlPlane
+from tests.bed.controlplane.plane import ControlPlane
+from tests.bed.kube import eventually, unique_name
+from tests.bed.proxy import Relay
 from tests.model import report
 from tests.model.driver import Driver, Environment, Stats, Violation
 from tests.model.operations import (
@@ -65,8 +67,7 @@ from tests.model.operations import (
     Unsquat,
     render,
 )
-from tests.proxy import Relay
-from tests.support import Canaries, Cluster, eventually, status_of, unique_name
+from tests.support import Canaries, Cluster, status_of
 
 SEEDS = (
     13,

@@ -31,15 +31,16 @@ import urllib3
 import yaml
 from kubernetes import client
 
-from observability import dashboard, pictures, rules, traces
 from tests import support
-from tests.controlplane.plane import ControlPlane
-from tests.helm import chart
-from tests.launcher import REPO, ControllerProcess
-from tests.prometheus.harness import Prometheus, StallProxy, binaries
-from tests.support import Canaries, Cluster, NamespaceFactory, eventually, unique_name
+from tests.bed.controlplane.plane import ControlPlane
+from tests.bed.helm import chart
+from tests.bed.kube import eventually, unique_name
+from tests.bed.launcher import REPO, ControllerProcess
+from tests.bed.observability import dashboard, pictures, rules, traces
+from tests.bed.prometheus.harness import Prometheus, StallProxy, binaries
+from tests.support import Canaries, Cluster, NamespaceFactory
 
-RULE_TESTS = REPO / "tests/prometheus/rules_test.yaml"
+RULE_TESTS = REPO / "tests/data/rules_test.yaml"
 STALL_AFTER = 8.0
 """The controller's --informer-stall-after here; quiet watches restart every 2-3 s meanwhile."""
 

@@ -18,14 +18,13 @@ import pytest
 from kubernetes import client
 
 from tests import reliability
+from tests.bed.kube import eventually, unique_name
 from tests.support import (
     AuditWrite,
     Cluster,
     NamespaceFactory,
     ServiceAccountKubeconfigFactory,
     audit_writes,
-    eventually,
-    unique_name,
 )
 
 DATA = {"token": "PARTIAL-canary-1"}

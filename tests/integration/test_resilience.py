@@ -1,7 +1,7 @@
 """The API server becomes unreachable mid-flight: nothing is deleted on a guess, and once it is
 back, the controller converges (DESIGN §3, last row).
 
-The controller talks to the real API server through a loopback TCP relay (tests/proxy.py) that
+The controller talks to the real API server through a loopback TCP relay (tests/bed/proxy.py) that
 the test can cut (every connection reset, new ones refused) and restore.
 """
 
@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from tests import reliability
-from tests.proxy import Relay
-from tests.support import Cluster, NamespaceFactory, audit_writes, eventually
+from tests.bed.kube import eventually
+from tests.bed.proxy import Relay
+from tests.support import Cluster, NamespaceFactory, audit_writes
 
 DATA = {"token": "CANARY-resilience-1"}
 

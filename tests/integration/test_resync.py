@@ -12,7 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tests.support import Cluster, NamespaceFactory, audit_writes, eventually
+from tests.bed.kube import eventually
+from tests.support import Cluster, NamespaceFactory, audit_writes
 
 GRANTS, NAMESPACES = 50, 20
 PERIOD = 2.0

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.launcher import ControllerProcess
-from tests.support import RBAC, Cluster, NamespaceFactory, apply_manifests, eventually
+from tests.bed.kube import RBAC, apply_manifests, eventually
+from tests.bed.launcher import ControllerProcess
+from tests.support import Cluster, NamespaceFactory
 from tests.workloads import REVISION, ROLLOUT_ON, consumer, copy_hash, revision, stamp
 
 IMAGE = "localhost/never-pulled:none"  # no node: no pod of these tests ever runs

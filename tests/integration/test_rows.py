@@ -20,15 +20,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.launcher import ControllerProcess
-from tests.support import (
-    Cluster,
-    NamespaceFactory,
-    audit_writes,
-    consistently,
-    eventually,
-    unique_name,
-)
+from tests.bed.kube import eventually, unique_name
+from tests.bed.launcher import ControllerProcess
+from tests.support import Cluster, NamespaceFactory, audit_writes, consistently
 
 DATA = {"token": "CANARY-token-1", "other": "CANARY-other-1"}
 

@@ -12,16 +12,10 @@ import pytest
 from kubernetes import client, utils
 
 from tests import reliability
-from tests.controlplane.plane import ControlPlane
-from tests.launcher import ControllerProcess, explain
-from tests.support import (
-    Cluster,
-    NamespaceFactory,
-    deletes_since,
-    eventually,
-    status_of,
-    unique_name,
-)
+from tests.bed.controlplane.plane import ControlPlane
+from tests.bed.kube import eventually, unique_name
+from tests.bed.launcher import ControllerProcess, explain
+from tests.support import Cluster, NamespaceFactory, deletes_since, status_of
 
 
 def test_a_reused_grant_name_leaves_the_earlier_grants_retained_copies_alone(

@@ -29,16 +29,14 @@ from kubernetes import client
 
 from projector.client.retries import MAX_RETRY_AFTER
 from tests import reliability
-from tests.launcher import ControllerProcess
+from tests.bed.kube import api_client, eventually, unique_name
+from tests.bed.launcher import ControllerProcess
 from tests.support import (
     AuditWrite,
     Cluster,
     NamespaceFactory,
     ServiceAccountKubeconfigFactory,
-    api_client,
     audit_writes,
-    eventually,
-    unique_name,
 )
 
 FLOWCONTROL = ("flowcontrol.apiserver.k8s.io", "v1")

@@ -1,4 +1,4 @@
-"""Traces proven on a real OpenTelemetry Collector (built from its Go modules, tests/otel/).
+"""Traces proven on a real OpenTelemetry Collector (built from its Go modules, tests/bed/otel/).
 
 `projector run` exports to the collector over OTLP/HTTP while it projects against the real API
 server; the collector's file exporter writes what it received as OTLP/JSON, and the test reads
@@ -27,12 +27,13 @@ import pytest
 from kubernetes import client
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from observability import traces
 from projector import __version__
 from projector.telemetry.tracing import SPAN_SHUTDOWN_SECONDS
-from tests.launcher import REPO, ControllerProcess
-from tests.otel.harness import STATUS_ERROR, BlackHole, Collector, Span, binary
-from tests.support import Cluster, NamespaceFactory, eventually, unique_name
+from tests.bed.kube import eventually, unique_name
+from tests.bed.launcher import REPO, ControllerProcess
+from tests.bed.observability import traces
+from tests.bed.otel.harness import STATUS_ERROR, BlackHole, Collector, Span, binary
+from tests.support import Cluster, NamespaceFactory
 
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100"}
 """A batch leaves 100 ms after the previous one (5 s by default): the test waits less."""

@@ -22,8 +22,8 @@ from kubernetes import client
 
 from projector.core.grantspec import parse_grant
 from projector.errors import InvalidGrant
-from tests.launcher import REPO, validate
-from tests.support import unique_name
+from tests.bed.kube import unique_name
+from tests.bed.launcher import REPO, validate
 
 DATA = REPO / "tests" / "data"
 CORPUS = DATA / "bad_grants"

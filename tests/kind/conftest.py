@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.controlplane.plane import REPO_ROOT
+from tests.bed.controlplane.plane import REPO_ROOT
 
-KIND_SH = Path(__file__).resolve().parent / "kind.sh"
+KIND_SH = REPO_ROOT / "tests" / "bed" / "kind" / "kind.sh"
 KIND_KUBECONFIG = REPO_ROOT / ".local" / "kind-kubeconfig"
 CLUSTER = "projector"
 

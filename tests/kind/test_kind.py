@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kubernetes import client
 
-from tests.support import api_client, eventually, unique_name
+from tests.bed.kube import api_client, eventually, unique_name
 
 IMAGE = "busybox:1.36.1"
 

@@ -40,8 +40,10 @@ from typing import Any, cast
 
 from kubernetes import client
 
-from tests.controlplane.plane import ControlPlane
-from tests.launcher import ControllerProcess
+from tests.bed.controlplane.plane import ControlPlane
+from tests.bed.kube import eventually
+from tests.bed.launcher import ControllerProcess
+from tests.bed.proxy import Relay
 from tests.model import oracle
 from tests.model.operations import (
     INITIAL_PACKS,
@@ -74,8 +76,7 @@ from tests.model.operations import (
     Unsquat,
     View,
 )
-from tests.proxy import Relay
-from tests.support import GROUP, PLURAL, VERSION, Canaries, Cluster, eventually, status_of
+from tests.support import GROUP, PLURAL, VERSION, Canaries, Cluster, status_of
 
 Key = tuple[str, str]
 EXPORT_LABEL = "projector.nebari.dev/export"

@@ -14,24 +14,25 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from tests.controlplane.plane import ControlPlane
-from tests.helm import chart
-from tests.node.images import (
+from tests.bed.controlplane.plane import ControlPlane
+from tests.bed.helm import chart
+from tests.bed.kube import api_client
+from tests.bed.node.images import (
     BuiltImage,
     build_projector_image,
     import_archive,
     import_busybox_image,
 )
-from tests.node.node import (
+from tests.bed.node.node import (
     HostSnapshot,
     Node,
     ensure_node_binaries,
     missing_prerequisites,
     running_node,
 )
-from tests.node.pods import Consumers
+from tests.node.consumers import Consumers
 from tests.node.release import Release
-from tests.support import Cluster, NamespaceFactory, api_client
+from tests.support import Cluster, NamespaceFactory
 
 BEFORE = pytest.StashKey[HostSnapshot]()
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from kubernetes import client
 
-from tests.helm import chart
-from tests.support import eventually
+from tests.bed.helm import chart
+from tests.bed.kube import eventually
 
 # The docs' install is `helm install projector ... -n projector-system` (what `make node-up`
 # users type, on a fresh cluster). The node tier shares the session's control plane with the

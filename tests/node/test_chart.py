@@ -20,11 +20,12 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import support
-from tests.controlplane.plane import ControlPlane
-from tests.helm import chart
-from tests.node.node import Node
+from tests.bed.controlplane.plane import ControlPlane
+from tests.bed.helm import chart
+from tests.bed.kube import eventually
+from tests.bed.node.node import Node
 from tests.node.release import NAMESPACE, NODE_VALUES, RELEASE, Release
-from tests.support import GROUP, PLURAL, Canaries, Cluster, NamespaceFactory, eventually
+from tests.support import GROUP, PLURAL, Canaries, Cluster, NamespaceFactory
 
 CRD = f"{PLURAL}.{GROUP}"
 LEASE_SECONDS = float(

@@ -20,10 +20,11 @@ from typing import Any, cast
 import yaml
 from kubernetes import client
 
-from tests.launcher import REPO
-from tests.node.pods import Consumers, consumer_spec
+from tests.bed.kube import eventually
+from tests.bed.launcher import REPO
+from tests.bed.node.pods import consumer_spec
+from tests.node.consumers import Consumers
 from tests.node.release import Release
-from tests.support import eventually
 
 READER = (
     'echo env=$(printf %s "$PASSWORD" | busybox sha256sum | busybox cut -c1-64); '

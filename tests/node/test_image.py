@@ -1,6 +1,6 @@
 """The controller's image, built here from the repository's Dockerfile, run on the real node.
 
-``make image``'s recipe (tests/node/images.py: buildah ``--isolation chroot`` with the local
+``make image``'s recipe (tests/bed/node/images.py: buildah ``--isolation chroot`` with the local
 debootstrap base as PYTHON_IMAGE), imported into the node's containerd, run as a pod with the
 chart's own security contexts (values.yaml): it runs as 65532:65532, starts with a read-only root
 filesystem, holds no pip, uv or compiler, and its CLI works. Its size is printed (and stated in
@@ -22,11 +22,11 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from tests.controlplane.plane import REPO_ROOT
-from tests.helm import chart
-from tests.node.images import BuiltImage, buildah
-from tests.node.node import Node
-from tests.support import eventually
+from tests.bed.controlplane.plane import REPO_ROOT
+from tests.bed.helm import chart
+from tests.bed.kube import eventually
+from tests.bed.node.images import BuiltImage, buildah
+from tests.bed.node.node import Node
 
 PROBE = """
 import importlib.util, json, os, shutil, subprocess

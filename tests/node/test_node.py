@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from kubernetes import client
 
-from tests.node.node import SYNC_FREQUENCY, Node
-from tests.node.pods import delete_pod, pod_log, run_pod
-from tests.support import api_client, eventually, status_of, unique_name
+from tests.bed.kube import api_client, eventually, unique_name
+from tests.bed.node.node import SYNC_FREQUENCY, Node
+from tests.bed.node.pods import delete_pod, pod_log, run_pod
+from tests.support import status_of
 
 
 def test_the_node_is_ready_under_its_own_identity(node: Node, core_v1: client.CoreV1Api) -> None:

@@ -21,9 +21,9 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
-from tests.node.pods import Consumers
+from tests.bed.kube import eventually
+from tests.node.consumers import Consumers
 from tests.node.release import NAMESPACE, RELEASE, Release
-from tests.support import eventually
 from tests.workloads import consumer, revision
 
 ROTATIONS = 5

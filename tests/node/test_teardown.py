@@ -13,9 +13,9 @@ import dataclasses
 
 from kubernetes import client
 
-from tests.node.node import HostSnapshot, Node, node_cgroups
-from tests.node.pods import run_pod
-from tests.support import eventually
+from tests.bed.kube import eventually
+from tests.bed.node.node import HostSnapshot, Node, node_cgroups
+from tests.bed.node.pods import run_pod
 
 
 def test_node_stop_restores_the_host_and_a_restart_is_ready_again(

@@ -7,8 +7,8 @@ import json
 import pytest
 import yaml
 
-from observability import __main__ as generate
-from observability import dashboard, rules
+from tests.bed.observability import __main__ as generate
+from tests.bed.observability import dashboard, rules
 
 REPO = generate.REPO
 

@@ -10,7 +10,7 @@ import pytest
 from projector.client import api, kube
 from projector.core.kinds import SECRETS
 from projector.errors import ServerError
-from tests.controlplane.plane import free_port
+from tests.bed.controlplane.plane import free_port
 from tests.support import python_runs
 
 

@@ -9,8 +9,8 @@ from cryptography import x509
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.controlplane.plane import TinyCA
-from tests.support import eventually, unique_name
+from tests.bed.controlplane.plane import TinyCA
+from tests.bed.kube import eventually, unique_name
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 

@@ -32,7 +32,8 @@ from projector.telemetry.endpoints import metrics_app
 from projector.telemetry.logs import configure_logging, log_processors
 from projector.telemetry.metrics import Metrics
 from projector.telemetry.tracing import trace_id
-from tests.support import eventually, python_runs
+from tests.bed.kube import eventually
+from tests.support import python_runs
 from tests.unit.fakeapi import FakeApi
 from tests.unit.test_controller import controller
 from tests.unit.test_store import grant_obj, ns_obj, source_obj

@@ -1,0 +1,1 @@
+"""The local node: kubelet + containerd + runc joined to the local control plane (docs/node.md)."""

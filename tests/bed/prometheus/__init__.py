@@ -1,0 +1,1 @@
+"""A real Prometheus and promtool, built from their Go module (`make prometheus`)."""
