@@ -41,8 +41,12 @@ class Server:
         self.received = asyncio.Event()
         self.hung_up = asyncio.Event()
         """Set when a client closes a connection."""
+        self.handlers: set[asyncio.Task[Any]] = set()
+        """One task per connection, each ending once its client is gone."""
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if (task := asyncio.current_task()) is not None:
+            self.handlers.add(task)
         self.connections += 1
         try:
             while head := await reader.readuntil(b"\r\n\r\n"):
@@ -79,6 +83,10 @@ async def serving(answer: Answer, **pool: Any) -> AsyncIterator[tuple[Server, ht
     finally:
         client.close()
         listener.close()
+        # The client's connections are closed: each handler ends on its own within a turn or
+        # a paced write; none may outlive the test (tests/conftest.py fails a test that does).
+        if server.handlers:
+            await asyncio.wait(server.handlers, timeout=5)
 
 
 def get(path: str = "/") -> bytes:
