@@ -293,6 +293,14 @@ def pod_story(
         with contextlib.suppress(client.ApiException):
             core.delete_namespaced_pod("gateway-reader", "dask-gateway", grace_period_seconds=0)
         eventually(lambda: _absent(core), 60)
+        # A pod needs its namespace's default ServiceAccount, which kube-controller-manager makes
+        # after the namespace, at its 20 writes a second: behind a backlog (a plane that the
+        # benchmarks' smoke run has just filled with 2,000 namespaces), minutes after it.
+        eventually(
+            lambda: core.read_namespaced_service_account("default", "dask-gateway"),
+            180,
+            message="dask-gateway's default ServiceAccount never appeared",
+        )
         core.create_namespaced_pod("dask-gateway", pod)
 
         def log() -> str:
