@@ -33,6 +33,7 @@ from aiohttp import web
 
 from projector import config as config_mod
 from projector.cache.caches import Cache
+from projector.cache.exported import ExportedSources
 from projector.cache.informer import Informer
 from projector.cache.store import Store
 from projector.client.kube import Kube
@@ -123,6 +124,13 @@ class Process:
         """Some cache was behind the server (a failed list or watch, a relist) since the last
         time every cache was current."""
         self.informers = [self._informer(c) for c in store.caches if self._serves(c)]
+        self.exported = ExportedSources(
+            kube,
+            store.source_changed,
+            timeout_seconds=cfg.watch_timeout,
+            read_deadline=cfg.informer_stall_after / 2,
+        )
+        store.track_exported(self.exported)
         self.queue: WorkQueue[str] = WorkQueue(
             debounce=cfg.debounce,
             debounce_max=cfg.debounce_max,
@@ -298,6 +306,7 @@ class Process:
         elector, tasks = self.elector, self.tasks
         async with asyncio.TaskGroup() as tg:
             tasks.extend(tg.create_task(i.run(), name=f"informer-{i.name}") for i in self.informers)
+            tasks.append(tg.create_task(self.exported.run(), name="exported-sources"))
             if elector is not None:
                 tasks.append(tg.create_task(elector.run(), name="elector"))
             leading = elector.leading if elector is not None else None

@@ -17,8 +17,9 @@ from typing import Generic, TypeVar
 
 import structlog
 
+from projector.core.exports import Export, parse_export
 from projector.core.grantspec import parse_grant_record
-from projector.core.kinds import BY_KIND, GRANTS, NAMESPACES, Obj, Resource
+from projector.core.kinds import BY_KIND, EXPORTS, GRANTS, NAMESPACES, Obj, Resource
 from projector.core.model import (
     EXPORT_LABEL,
     EXPORT_VALUE,
@@ -51,6 +52,8 @@ class Kind(StrEnum):
     """Contract ConfigMaps; their changes are reported as SOURCE."""
     CONFIG_COPY = "configmap-copies"
     """Projected ConfigMaps; their changes are reported as COPY."""
+    EXPORT = "exports"
+    """ProjectionExports; their changes are reported as SOURCE (the producer's say changed)."""
 
 
 def _namespaced_key(obj: Obj, kind: SourceKind = SourceKind.SECRET) -> ObjectKey:
@@ -154,6 +157,15 @@ at most ~28 MiB on the wire and as much again parsed, within the 200 MiB the Dep
 given, whatever the sizes; a page of 500 (the default) was 190 MiB for 150 copies of 1 MiB."""
 
 GRANT_SPEC: Spec[str, GrantRecord] = Spec(Kind.GRANT, GRANTS, parse_grant_record, _name_key)
+
+
+def _export_key(obj: Obj) -> tuple[str, str]:
+    meta = obj["metadata"]
+    return (str(meta["namespace"]), str(meta["name"]))
+
+
+EXPORT_SPEC: Spec[tuple[str, str], Export] = Spec(Kind.EXPORT, EXPORTS, parse_export, _export_key)
+"""Every ProjectionExport (small objects a tenant writes, each bounded by `parse_export`)."""
 
 
 def _namespaced(

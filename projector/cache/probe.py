@@ -4,6 +4,8 @@ The store answers from memory only. A grant whose source is not in its source ca
 holds exported Secrets, or exported ConfigMaps, only) needs one metadata-only read to tell
 "deleted" (404) from "not exported" from "unknown" (a failed read, or an exported source the
 watch has not delivered yet): that API call is made here, at the edge, never inside the store.
+A source a ProjectionExport names is its narrow watch's (`cache.exported`), or, in a one-shot
+store, read whole here.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import structlog
 from projector.cache.store import Store
 from projector.client.api import Api
 from projector.core.kinds import BY_KIND
-from projector.core.model import ObjectKey, is_exported, parse_source
+from projector.core.model import ObjectKey, Source, is_exported, parse_source
 from projector.core.plans import Snapshot, SourceState
 from projector.errors import ApiError, NotFound
 
@@ -34,8 +36,25 @@ async def snapshot(store: Store, name: str, api: Api | None = None) -> Snapshot:
         return store.snapshot(name, uncached=await fill(store, api or store.api, grant.source))
     if store.source(grant.source) is not None:
         return store.snapshot(name)
+    if (watched := store.watched_state(grant.source)) is not None:
+        return store.snapshot(name, uncached=watched)  # an export's watch: no read needed
+    if store.exports_of(grant.source):  # a one-shot store: the exported source, read whole
+        state, read = await whole_source(api or store.api, grant.source)
+        return store.snapshot(name, uncached=state, read=read)
     state = await source_state(api or store.api, grant.source)
     return store.snapshot(name, uncached=state)
+
+
+async def whole_source(api: Api, key: ObjectKey) -> tuple[SourceState, Source | None]:
+    """A source an export names, read whole (it carries no label to be cached by)."""
+    try:
+        obj = await api.get(BY_KIND[key.kind], key.name, namespace=key.namespace)
+    except NotFound:
+        return SourceState.MISSING, None
+    except ApiError as e:
+        log.warning("source read failed", source=str(key), status=e.status)
+        return SourceState.UNKNOWN, None
+    return SourceState.AVAILABLE, parse_source(obj, key.kind)
 
 
 async def fill(store: Store, api: Api, key: ObjectKey) -> SourceState:

@@ -34,6 +34,7 @@ from projector.cache.caches import (
     CONFIG_COPY_SPEC,
     CONFIG_SOURCE_SPEC,
     COPY_SPEC,
+    EXPORT_SPEC,
     GRANT_SPEC,
     NAMESPACE_SPEC,
     SOURCE_SPEC,
@@ -41,7 +42,9 @@ from projector.cache.caches import (
     Kind,
     Spec,
 )
+from projector.cache.exported import ExportedSources
 from projector.client.api import Api
+from projector.core.exports import Export
 from projector.core.kinds import Obj
 from projector.core.model import (
     GRANT_LABEL,
@@ -56,7 +59,7 @@ from projector.core.model import (
 )
 from projector.core.plans import Snapshot, SourceState
 
-__all__ = ["Cache", "Echo", "Kind", "Listener", "Spec", "Store"]
+__all__ = ["Echo", "Listener", "Store"]
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
@@ -91,11 +94,12 @@ class Store:
         self._copy_watchers: list[Callable[[Copy | None, Copy | None], None]] = []
         self._source_watchers: list[Callable[[Source | None, Source | None], None]] = []
         self.grants = Cache(GRANT_SPEC, self._grant_changed)
-        self.sources = Cache(self._named_only(SOURCE_SPEC), self._source_changed)
+        self.sources = Cache(self._named_only(SOURCE_SPEC), self.source_changed)
         self.namespaces = Cache(NAMESPACE_SPEC, self._namespace_changed)
         self.copies = Cache(COPY_SPEC, self._copy_changed)
-        self.config_sources = Cache(self._named_only(CONFIG_SOURCE_SPEC), self._source_changed)
+        self.config_sources = Cache(self._named_only(CONFIG_SOURCE_SPEC), self.source_changed)
         self.config_copies = Cache(CONFIG_COPY_SPEC, self._copy_changed)
+        self.exports = Cache(EXPORT_SPEC, self._export_changed)
         self.caches: tuple[Cache[Any, Any], ...] = (
             self.grants,
             self.sources,
@@ -103,7 +107,11 @@ class Store:
             self.copies,
             self.config_sources,
             self.config_copies,
+            self.exports,
         )
+        self.exported: ExportedSources | None = None
+        """The narrow watches of the sources exports name (`track_exported`); None in a
+        one-shot store (`load`), which reads such a source when asked (`probe`)."""
         self._valid: dict[str, Grant] = {}
         self._uids: dict[str, str] = {}
         self._live_uids: frozenset[str] | None = frozenset()
@@ -114,6 +122,7 @@ class Store:
         self._copies_by_place: defaultdict[Place, set[ObjectKey]] = defaultdict(set)
         self._copies_by_label: defaultdict[str, set[ObjectKey]] = defaultdict(set)
         self._copies_by_uid: defaultdict[str, set[ObjectKey]] = defaultdict(set)
+        self._exports_by_source: defaultdict[ObjectKey, set[tuple[str, str]]] = defaultdict(set)
 
     def listen(self, listener: Listener, echo: Echo | None = None) -> None:
         """Tell `listener` which grant names each later change affects.
@@ -132,6 +141,26 @@ class Store:
     def watch_sources(self, watcher: Callable[[Source | None, Source | None], None]) -> None:
         """Also tell `watcher` of every change of a source (old, new), e.g. to warn its producer."""
         self._source_watchers.append(watcher)
+
+    def track_exported(self, exported: ExportedSources) -> None:
+        """Read exported sources from `exported`'s watches, and tell it which to watch."""
+        self.exported = exported
+        exported.want(self._exported_wanted())
+
+    def exports_of(self, key: ObjectKey) -> tuple[Export, ...]:
+        """The cached ProjectionExports that name source `key`, in name order."""
+        names = sorted(self._exports_by_source.get(key, ()))
+        return tuple(e for n in names if (e := self.exports.get(n)) is not None)
+
+    def _exported_wanted(self) -> frozenset[ObjectKey]:
+        """Sources both an export and a grant name: each gets a narrow watch."""
+        return frozenset(
+            k for k, names in self._exports_by_source.items() if self._by_source.get(k)
+        )
+
+    def _rewatch(self) -> None:
+        if self.exported is not None:
+            self.exported.want(self._exported_wanted())
 
     def grant_names(self) -> list[str]:
         """Every cached grant name, valid or not."""
@@ -216,15 +245,20 @@ class Store:
 
     # --- snapshots ------------------------------------------------------------------------------
 
-    def snapshot(self, name: str, uncached: SourceState = SourceState.UNKNOWN) -> Snapshot:
+    def snapshot(
+        self, name: str, uncached: SourceState = SourceState.UNKNOWN, read: Source | None = None
+    ) -> Snapshot:
         """Everything one reconcile of grant `name` reads, as immutable values, from memory.
 
         `uncached` is the state of a source the cache lacks, as a read of it told
-        (`probe.snapshot` makes that read); a cached source is AVAILABLE.
+        (`probe.snapshot` makes that read), and `read` the source that read returned whole
+        (one an export names, in a one-shot store); a cached source is AVAILABLE.
         """
         record = self.grants.get(name)
         grant = record.grant if record is not None else None
         source = self.source(grant.source) if grant is not None else None
+        if source is None and grant is not None and read is not None and read.key == grant.source:
+            source = read
         if source is not None and source.withheld:  # its content must be read first (`fill`)
             source = None
         if grant is None:
@@ -245,6 +279,8 @@ class Store:
             )
         copies = {k: c for k in keys if (c := self.copy(k)) is not None}
         rival_sources = {r.source: s for r in rivals if (s := self.source(r.source)) is not None}
+        named = {g.source for g in (grant, *rivals) if g is not None}
+        exports = {k: found for k in named if (found := self.exports_of(k))}
         return Snapshot(
             grant_name=name,
             grant=grant,
@@ -257,6 +293,7 @@ class Store:
             rival_sources=MappingProxyType(rival_sources),
             record=record,
             protected=self.protected,
+            exports=MappingProxyType(exports),
         )
 
     def serves(self, kind: SourceKind) -> bool:
@@ -264,9 +301,25 @@ class Store:
         return self.configmaps or kind is SourceKind.SECRET
 
     def source(self, key: ObjectKey) -> Source | None:
-        """The cached contract Secret or ConfigMap under `key` (its kind says which cache)."""
+        """The cached source under `key`: a labelled one, else one an export's watch holds.
+
+        Its kind says which labelled cache.
+        """
         cache = self.sources if key.kind is SourceKind.SECRET else self.config_sources
-        return cache.get(key)
+        found = cache.get(key)
+        if found is None and self.exported is not None:
+            return self.exported.get(key)
+        return found
+
+    def watched_state(self, key: ObjectKey) -> SourceState | None:
+        """What an export's narrow watch knows of a source the caches lack.
+
+        MISSING once it has listed without it, UNKNOWN before; None if no such watch is meant
+        to hold it.
+        """
+        if self.exported is None or not self.exported.watches(key):
+            return None
+        return SourceState.MISSING if self.exported.known(key) else SourceState.UNKNOWN
 
     def copy(self, key: ObjectKey) -> Copy | None:
         """The cached copy under `key` (its kind says which cache)."""
@@ -330,15 +383,27 @@ class Store:
             self._live_uids = None
         if old is not None and old.grant is not None:
             self._withhold(old.grant.source)
+        self._rewatch()
         self._notify(Kind.GRANT, names)
 
-    def _source_changed(self, old: Source | None, new: Source | None) -> None:
+    def source_changed(self, old: Source | None, new: Source | None) -> None:
         """Affected: the grants that project this source."""
         src = new or old
         if src is not None:
             self._notify(Kind.SOURCE, set(self._by_source.get(src.key, ())))
         for watcher in self._source_watchers:
             watcher(old, new)
+
+    def _export_changed(self, old: Export | None, new: Export | None) -> None:
+        """Affected: the grants that project the source it names (before or after)."""
+        names: set[str] = set()
+        for e, add in ((old, False), (new, True)):
+            if e is None:
+                continue
+            names |= self._by_source.get(e.source, set())
+            _update(self._exports_by_source, e.source, (e.namespace, e.name), add)
+        self._rewatch()
+        self._notify(Kind.SOURCE, names)
 
     def _namespace_changed(self, old: Namespace | None, new: Namespace | None) -> None:
         """Affected: grants that list the namespace, or whose selector matched it (before/after)."""
@@ -390,9 +455,7 @@ def _place(grant: Grant) -> Place:
     return (grant.kind, grant.target_name)
 
 
-def _update(
-    index: defaultdict[Any, set[ObjectKey]], k: Hashable, key: ObjectKey, add: bool
-) -> None:
+def _update(index: defaultdict[Any, set[Any]], k: Hashable, key: Hashable, add: bool) -> None:
     if add:
         index[k].add(key)
         return

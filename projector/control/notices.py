@@ -46,8 +46,8 @@ class Notices:
         if either is None:
             return
         key = either.key
-        if new is None or not new.export_to_refused:
-            self._pending.pop(key, None)
+        if new is None or not new.export_to_refused or not new.labelled:
+            self._pending.pop(key, None)  # unlabelled (an export's source): its export-to is moot
             return
         if (new.uid, new.export_to_refused) in self._told:
             return

@@ -237,6 +237,74 @@ def test_key_filter_and_rename(
     assert eventually(lambda: k8s.copy_data(a, "contract")) == {"api-token": DATA["token"]}
 
 
+# -- a ProjectionExport, and the producer's key scope -------------------------------------------
+
+
+def untouched_by_projector(k8s: Cluster, namespace: str, name: str) -> bool:
+    """No field of the object was ever written by a manager of projector's."""
+    obj = k8s.core.read_namespaced_secret(name, namespace)
+    return not any((m.manager or "").startswith("projector") for m in obj.metadata.managed_fields)
+
+
+def test_an_unlabelled_source_an_export_names_is_projected_as_a_labelled_one(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess
+) -> None:
+    src, a, b = make_namespace(), make_namespace(), make_namespace()
+    k8s.source(src, "hub", DATA, exported=False)  # a third-party chart's Secret: no label
+    k8s.export(src, "hub", [a])
+    g = k8s.grant((src, "hub"), namespaces=[a, b])
+    assert eventually(lambda: k8s.copy_data(a, "hub")) == DATA
+    eventually(lambda: denied(k8s, g) == 1)  # b: the export does not reach it
+    assert k8s.copy(b, "hub") is None
+    k8s.patch_secret(src, "hub", {"data": {"token": "CANARY-token-3"}})
+    want = {**DATA, "token": "CANARY-token-3"}
+    eventually(lambda: k8s.copy_data(a, "hub") == want)  # its changes arrive as events
+    assert untouched_by_projector(k8s, src, "hub")
+
+
+@pytest.mark.parametrize("via", ["export", "annotation"])
+def test_the_producers_key_scope_is_a_hard_boundary(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess, via: str
+) -> None:
+    src, a = make_namespace(), make_namespace()
+    if via == "export":
+        k8s.source(src, "hub", DATA, exported=False)
+        k8s.export(src, "hub", ["*"], keys=["token"])
+    else:
+        k8s.source(src, "hub", DATA, export_to="*")
+        scope = {"projector.nebari.dev/export-keys": "token"}
+        k8s.patch_secret(src, "hub", {"metadata": {"annotations": scope}})
+    k8s.grant((src, "hub"), namespaces=[a])  # no keys: exactly the exported ones
+    assert eventually(lambda: k8s.copy_data(a, "hub")) == {"token": DATA["token"]}
+    other = k8s.grant((src, "hub"), namespaces=[a], keys=[{"from": "other"}], target_name="o")
+    eventually(lambda: failures(k8s, other).get(a) == "KeyNotExported")
+    listed = {f["namespace"]: f["message"] for f in k8s.status(other)["failures"]}
+    assert "'other'" in listed[a]  # the refused key, named
+    assert k8s.copy(a, "o") is None  # no partial copy
+    assert untouched_by_projector(k8s, src, "hub")
+
+
+@pytest.mark.parametrize("policy", ["Delete", "Retain"])
+def test_an_export_narrowed_then_deleted_follows_on_revoke(
+    k8s: Cluster, make_namespace: NamespaceFactory, controller: ControllerProcess, policy: str
+) -> None:
+    src, a, b = make_namespace(), make_namespace(), make_namespace()
+    k8s.source(src, "hub", CANARY, exported=False)
+    e = k8s.export(src, "hub", [a, b])
+    g = k8s.grant((src, "hub"), namespaces=[a, b], on_revoke=policy)
+    eventually(lambda: k8s.copy_data(a, "hub") == CANARY and k8s.copy_data(b, "hub") == CANARY)
+    eventually(lambda: denied(k8s, g) == 0)
+    k8s.patch_export(src, e, {"to": [a]})
+    eventually(lambda: denied(k8s, g) == 1)
+    revoked_by(k8s, policy, b, kept=a)
+    k8s.delete_export(src, e)
+    eventually(lambda: denied(k8s, g) == 2)
+    if policy == "Delete":
+        eventually(lambda: k8s.copy(a, "hub") is None)
+    else:
+        assert k8s.copy_data(a, "hub") == CANARY
+
+
 TLS = {"tls.crt": "CANARY-cert", "tls.key": "CANARY-key"}
 
 

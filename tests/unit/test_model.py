@@ -21,7 +21,9 @@ from projector.core.model import (
     DEFAULT_ON_SOURCE_DELETED,
     DEFAULT_SOURCE_KIND,
     EXPORT_KEYS_ANNOTATION,
+    EXPORT_LABEL,
     EXPORT_TO_ANNOTATION,
+    EXPORT_VALUE,
     GRANT_UID_ANNOTATION,
     HASH_ANNOTATION,
     MANAGED_BY_LABEL,
@@ -626,6 +628,7 @@ def source_with_export_to(value: str, **meta: Any) -> Source:
         "metadata": {
             "namespace": "p",
             "name": "s",
+            "labels": {EXPORT_LABEL: EXPORT_VALUE},
             "annotations": {EXPORT_TO_ANNOTATION: value},
             **meta,
         },
@@ -1123,6 +1126,7 @@ def test_an_ignored_export_to_entry_is_never_matched() -> None:
         "metadata": {
             "namespace": "src",
             "name": "hub",
+            "labels": {EXPORT_LABEL: EXPORT_VALUE},
             "annotations": {EXPORT_TO_ANNOTATION: "[!a]*, -b*,dask"},
         }
     }

@@ -29,6 +29,12 @@ import yaml
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "deploy" / "helm" / "projector"
 CRD_FILE = "projector.nebari.dev_projectiongrants.yaml"
+EXPORT_CRD_FILE = "projector.nebari.dev_projectionexports.yaml"
+WHO = {
+    "ProjectionGrant": "only cluster admins can create one",
+    "ProjectionExport": "whoever holds the admin or edit role in a namespace may create one there",
+}
+"""Who may create each kind, for its reference page."""
 BUILD_SCRIPT = Path(__file__).resolve().parent / "build.sh"
 RELEASE, NAMESPACE = "projector", "projector-system"
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
@@ -75,6 +81,7 @@ def _dump(docs: Sequence[Mapping[str, Any]]) -> str:
 def render(binary: Path) -> dict[Path, str]:
     """Every generated file and its content."""
     crd = (CHART / "crds" / CRD_FILE).read_text()
+    export_crd = (CHART / "crds" / EXPORT_CRD_FILE).read_text()
     rendered = template(binary, "--include-crds")
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     install = (
@@ -95,12 +102,14 @@ def render(binary: Path) -> dict[Path, str]:
     return {
         REPO / "deploy" / "install.yaml": install,
         REPO / "deploy" / "crds" / CRD_FILE: GENERATED + crd,
+        REPO / "deploy" / "crds" / EXPORT_CRD_FILE: GENERATED + export_crd,
         REPO / "deploy" / "rbac" / "rbac.yaml": GENERATED + _dump(rbac),
         REPO / "deploy" / "rbac" / "admission.yaml": GENERATED + _dump(admission),
         REPO / "deploy" / "rbac" / "rollouts" / "rbac.yaml": GENERATED + _dump(rollouts),
         REPO / "deploy" / "rbac" / "rollouts" / "admission.yaml": GENERATED
         + _dump(rollouts_admission),
-        REPO / "docs" / "reference" / "grant.md": grant_reference(yaml.safe_load(crd)),
+        REPO / "docs" / "reference" / "grant.md": reference(yaml.safe_load(crd)),
+        REPO / "docs" / "reference" / "export.md": reference(yaml.safe_load(export_crd)),
     }
 
 
@@ -168,20 +177,20 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def grant_reference(crd: Mapping[str, Any]) -> str:
-    """The ProjectionGrant reference page, every field and rule as the CRD declares it."""
+def reference(crd: Mapping[str, Any]) -> str:
+    """A kind's reference page, every field and rule as its CRD declares it."""
     version = crd["spec"]["versions"][0]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    group = crd["spec"]["group"]
+    group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
     lines = [
         "<!-- Generated from the CRD in deploy/helm/projector/crds/ by `make manifests`. -->",
-        "# ProjectionGrant reference",
+        f"# {kind} reference",
         "",
-        f"`apiVersion: {group}/{version['name']}`, `kind: {crd['spec']['names']['kind']}`, "
-        f"scope `{crd['spec']['scope']}` (only cluster admins can create one). "
+        f"`apiVersion: {group}/{version['name']}`, `kind: {kind}`, "
+        f"scope `{crd['spec']['scope']}` ({WHO[kind]}). "
         "Short names: " + ", ".join(f"`{n}`" for n in crd["spec"]["names"]["shortNames"]) + ".",
         "",
-        "Every rule below is enforced by the API server when a grant is applied, and by "
+        f"Every rule below is enforced by the API server when a {kind} is applied, and by "
         "`projector validate` offline (it reads this same CRD).",
         "",
         "## Fields of `spec`",
