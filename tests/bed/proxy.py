@@ -61,8 +61,25 @@ class Relay:
             held = threading.Event()
             with self._lock:
                 self._conns.append((down, up, held))
-            for a, b in ((down, up), (up, down)):
-                threading.Thread(target=self._pipe, args=(a, b, held), daemon=True).start()
+            threading.Thread(target=self._relay, args=(down, up, held), daemon=True).start()
+
+    def _relay(self, down: socket.socket, up: socket.socket, held: threading.Event) -> None:
+        """Carry one connection both ways; once both ways end, close it (a black-holed one is
+        kept open on purpose until `release` or `close`)."""
+        pipes = [
+            threading.Thread(target=self._pipe, args=(a, b, held), daemon=True)
+            for a, b in ((down, up), (up, down))
+        ]
+        for t in pipes:
+            t.start()
+        for t in pipes:
+            t.join()
+        if held.is_set():
+            return
+        with self._lock, contextlib.suppress(ValueError):
+            self._conns.remove((down, up, held))
+        down.close()
+        up.close()
 
     @staticmethod
     def _pipe(src: socket.socket, dst: socket.socket, held: threading.Event) -> None:
@@ -111,14 +128,19 @@ class Relay:
         """Accept connections again, on the same port."""
         self.start()
 
-    def close(self) -> None:
-        """Cut, and close the black-holed connections too: nothing is left open."""
-        self.cut()
+    def release(self) -> None:
+        """Close the black-holed connections (their client is gone): a long run of faults
+        must not keep one pair of sockets per blackhole until the relay closes."""
         with self._lock:
             held, self._held = self._held, []
         for pair in held:
             for s in pair:
                 s.close()
+
+    def close(self) -> None:
+        """Cut, and close the black-holed connections too: nothing is left open."""
+        self.cut()
+        self.release()
 
 
 def relayed_kubeconfig(src: Path, dest: Path, port: int) -> Path:

@@ -341,6 +341,7 @@ class Driver:
             code = self.ctl.stop()
             assert code == 0, f"controller exit code {code}:\n{self.ctl.logs()[-3000:]}"
             self.ctl = None
+        self.env.relay.release()  # the black-holed connections of this run's controllers
         for n in list(self.ns) + list(self.terminating):
             events = self.core.list_namespaced_event(self.real(n)).items
             text = " ".join(f"{e.reason} {e.message}" for e in events)
