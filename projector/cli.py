@@ -134,11 +134,16 @@ async def _explain_secret(
             )
         )
     source = store.source(key)
-    allowed = (
-        {n for n in store.namespaces if n != ns_name and source.exports_to(n)} - targeted
-        if source is not None and exported
-        else set()
-    )
+    exports = store.exports_of(key)
+    allowed = {
+        n
+        for n in store.namespaces
+        if n != ns_name
+        and (
+            (source is not None and exported and source.exports_to(n))
+            or any(e.exports_to(n) for e in exports)
+        )
+    } - targeted
     if args.namespace:
         allowed &= {args.namespace}
     r = explaining.secret_report(
@@ -148,6 +153,7 @@ async def _explain_secret(
         export_to=export_to,
         grants=reports,
         allowed_untargeted=allowed,
+        exports=exports,
     )
     return json.dumps(r.as_dict(), indent=2) if args.output == "json" else explaining.secret_text(r)
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from projector.core.exports import Export, consented
 from projector.core.model import (
     EXPORT_LABEL,
     EXPORT_TO_ANNOTATION,
@@ -82,6 +83,18 @@ def _verdict(plan: Plan, namespace: str, ns: Namespace | None = None) -> Consent
     source = snap.source if plan.source_state is SourceState.AVAILABLE else None
     labels = ns.labels if ns is not None else {}
     return consent(grant, source, namespace, labels, snap.exports_of(grant.source))
+
+
+def _consented_by(plan: Plan, namespace: str) -> str:
+    """Which of the producer's consents lets the copy in: the label, or which exports."""
+    snap = plan.snapshot
+    source = snap.source
+    exports = snap.exports_of(source.key) if source is not None else ()
+    got = consented(source, exports, namespace)
+    if got is None:
+        return "no producer consent"
+    keys = "every key" if got.keys is None else "keys " + ", ".join(sorted(got.keys))
+    return f"producer consent by {' and '.join(got.via)} ({keys})"
 
 
 def _denied_why(plan: Plan, namespace: str) -> str:
@@ -163,9 +176,10 @@ def entry(
         why = _holder_why(plan, held, grants_by_uid)
         return Entry(ns, "conflicted", Reason.CONFLICT.value, why, secret)
     if a is not Action.NOOP:
-        return e("pending", _PENDING[a] + (f" ({step.message})" if step.message else ""))
+        why = _PENDING[a] + (f" ({step.message})" if step.message else "")
+        return e("pending", f"{why}; {_consented_by(plan, ns)}" if r is Reason.PROJECTED else why)
     if r is Reason.PROJECTED:
-        return e("projected", "the copy is in sync with the source")
+        return e("projected", f"the copy is in sync with the source; {_consented_by(plan, ns)}")
     if r is Reason.DENIED:
         return e("denied", _denied_why(plan, ns))
     if r in (Reason.CONFLICT, Reason.GRANT_CONFLICT):
@@ -282,6 +296,8 @@ class SecretReport:
     untargeted: tuple[str, ...]
     """Existing namespaces export-to allows that no grant targets (the admin's say is missing)."""
     untargeted_total: int
+    exports: tuple[str, ...] = ()
+    """The ProjectionExports naming it (namespace/name: to, keys), the label's peers."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -296,12 +312,19 @@ def secret_report(
     export_to: tuple[str, ...],
     grants: Iterable[GrantReport],
     allowed_untargeted: Iterable[str],
+    exports: Iterable[Export] = (),
     limit: int = 50,
 ) -> SecretReport:
     """Assemble a SecretReport; the untargeted list is cut at `limit` names (the total stays)."""
     rest = sorted(allowed_untargeted)
+    told = tuple(
+        f"{e}: to {','.join(e.to) or 'nobody'}"
+        + ("" if e.keys is None else f"; keys {','.join(sorted(e.keys))}")
+        + (f" ({e.refused})" if e.refused else "")
+        for e in exports
+    )
     return SecretReport(
-        secret, exists, exported, export_to, tuple(grants), tuple(rest[:limit]), len(rest)
+        secret, exists, exported, export_to, tuple(grants), tuple(rest[:limit]), len(rest), told
     )
 
 
@@ -309,6 +332,8 @@ def secret_text(r: SecretReport) -> str:
     """Human-readable lines for a SecretReport."""
     if not r.exists:
         head = f"Secret {r.secret}: does not exist"
+    elif not r.exported and r.exports:
+        head = f"Secret {r.secret}: exported by ProjectionExport only (no label {EXPORT_LABEL})"
     elif not r.exported:
         head = f"Secret {r.secret}: not exported (no label {EXPORT_LABEL}=true): projected nowhere"
     elif not r.export_to:
@@ -318,7 +343,7 @@ def secret_text(r: SecretReport) -> str:
         )
     else:
         head = f"Secret {r.secret}: exported to {','.join(r.export_to)!r}"
-    lines = [head]
+    lines = [head, *(f"exported by ProjectionExport {e}" for e in r.exports)]
     if not r.grants:
         lines.append("no ProjectionGrant names this Secret as its source: projected nowhere")
     else:

@@ -163,3 +163,27 @@ def test_explain_without_cluster_wide_secret_read_stops_with_the_forbidden_reque
     assert out.returncode != 0 and out.stdout == ""
     assert "403" in out.stderr and 'cannot list resource "secrets"' in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_explain_names_the_export_that_consents_and_the_key_it_refuses(
+    k8s: Cluster,
+    make_namespace: NamespaceFactory,
+    control_plane: ControlPlane,
+    controller: ControllerProcess,
+    canaries: Canaries,
+) -> None:
+    src, dst = make_namespace(), make_namespace()
+    k8s.source(src, "hub", {"token": "CANARY-explain-5", "cfg": "CANARY-explain-6"}, exported=False)
+    export = k8s.export(src, "hub", [dst], keys=["token"])
+    ok = k8s.grant((src, "hub"), namespaces=[dst])
+    refused = k8s.grant((src, "hub"), namespaces=[dst], keys=[{"from": "cfg"}], target_name="c")
+    eventually(lambda: k8s.copy_data(dst, "hub") is not None)
+    by_grant = explain(control_plane.kubeconfig, ok)
+    assert f"producer consent by export {src}/{export} (keys token)" in by_grant.stdout
+    refusal = explain(control_plane.kubeconfig, refused)
+    assert "the producer does not export key 'cfg'" in refusal.stdout, refusal.stdout
+    by_secret = explain(control_plane.kubeconfig, "--secret", f"{src}/hub")
+    assert "exported by ProjectionExport only" in by_secret.stdout, by_secret.stdout
+    assert f"{src}/{export}: to {dst}; keys token" in by_secret.stdout
+    for out in (by_grant, refusal, by_secret):
+        canaries.assert_absent("explain output", out.stdout + out.stderr)
