@@ -169,6 +169,7 @@ class Process:
             recorder=recorder,
             tracer=tracer,
             wings=(self.rollouts,) if self.rollouts is not None else (),
+            notices=self.notices,
         )
         self.tasks: list[asyncio.Task[None]] = []
         """The tasks that run for the life of the process: if one ends, the process is wedged."""

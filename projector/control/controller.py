@@ -35,6 +35,7 @@ from projector.cache.store import Store
 from projector.config import Config
 from projector.control import hashkey
 from projector.control.conflicts import ConflictWatches
+from projector.control.notices import Notices
 from projector.control.queue import WorkQueue
 from projector.control.recorder import Recorder, timestamp
 from projector.control.writer import Writer
@@ -92,11 +93,14 @@ class Controller:
         tracer: trace.Tracer | None = None,
         wings: Sequence[Wing] = (),
         hash_key: HashKey | None = None,
+        notices: Notices | None = None,
     ) -> None:
         self.store = store
         self.hash_key = hash_key
         """Signs the copies' content-hash annotation; None until `run` has read (or created)
         it: no grant is planned without it."""
+        self.notices = notices
+        """Told of every reconcile's outcomes: a producer learns where consent was lost."""
         self.wings = tuple(wings)
         """Run beside the workers, on the same leadership term (none: --rollouts is off)."""
         self.config = config
@@ -286,6 +290,8 @@ class Controller:
             self._want(name, plan.desired)
             outcomes = await self.writer.execute(plan)
             self.conflicts.record(name, plan, outcomes)
+            if self.notices is not None:
+                self.notices.consent_lost(plan, outcomes)
             self.metrics.observe(plan, outcomes, since, time.monotonic())
             verdict = plans.verdict(plan, outcomes)
             if rec is not None:

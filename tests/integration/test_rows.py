@@ -240,6 +240,16 @@ def test_key_filter_and_rename(
 # -- a ProjectionExport, and the producer's key scope -------------------------------------------
 
 
+def producer_told(k8s: Cluster, namespace: str, name: str) -> list[str]:
+    """The messages of the Warnings recorded on the producer's object: consent lost."""
+    events = k8s.core.list_namespaced_event(namespace).items
+    return [
+        e.message
+        for e in events
+        if e.reason == "CopyConsentWithdrawn" and e.involved_object.name == name
+    ]
+
+
 def untouched_by_projector(k8s: Cluster, namespace: str, name: str) -> bool:
     """No field of the object was ever written by a manager of projector's."""
     obj = k8s.core.read_namespaced_secret(name, namespace)
@@ -297,6 +307,9 @@ def test_an_export_narrowed_then_deleted_follows_on_revoke(
     k8s.patch_export(src, e, {"to": [a]})
     eventually(lambda: denied(k8s, g) == 1)
     revoked_by(k8s, policy, b, kept=a)
+    # the producer is told where its data was readable, whatever onRevoke did with the copy
+    told = eventually(lambda: producer_told(k8s, src, "hub"))
+    assert b in told[0] and "rotating it may be due" in told[0]
     k8s.delete_export(src, e)
     eventually(lambda: denied(k8s, g) == 2)
     if policy == "Delete":

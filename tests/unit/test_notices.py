@@ -5,13 +5,27 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from projector.control.notices import EXPORT_TO_IGNORED, PENDING, Notices
+from projector.control.notices import CONSENT_LOST, EXPORT_TO_IGNORED, PENDING, Notices
 from projector.control.recorder import Recorder
 from projector.core.kinds import Obj
+from projector.core.model import GRANT_UID_ANNOTATION as GRANT_UID
 from projector.core.model import ObjectKey, Uid
+from projector.core.plans import Outcome
+from projector.core.reconcile import plan
 from projector.core.status import Event
 from projector.errors import Fenced
-from tests.unit.factories import make_source
+from tests.unit.factories import (
+    SRC_NAME,
+    SRC_NS,
+    copy_from,
+    desired_of,
+    make_grant,
+    make_snapshot,
+    make_source,
+    namespaces,
+)
+
+G = make_grant(namespaces=("a", "b", "c"))
 
 
 class Told(Recorder):
@@ -67,3 +81,21 @@ async def test_only_the_leader_tells_and_what_waits_is_bounded() -> None:
     notices.source_changed(None, dataclasses.replace(BOMB, key=ObjectKey("t", "b2"), uid=Uid("x")))
     await drain(notices, leading)
     assert len(told.told) == PENDING  # the pending table never grew past its bound
+
+
+async def test_a_namespace_that_loses_consent_where_a_copy_stood_is_told_once() -> None:
+    """The data was readable there: the producer hears it once per copy, whatever onRevoke did
+    (Delete or Retain), and never of a namespace that merely never had a copy, nor of a copy
+    that is not the grant's own."""
+    told = Told()
+    notices = Notices(told)
+    source = make_source(export_to="a")  # b is no longer allowed
+    held = copy_from(desired_of(G, source), "b")
+    theirs = dataclasses.replace(copy_from(desired_of(G, source), "c"), uid=Uid("u-their"))
+    theirs = dataclasses.replace(theirs, annotations={**theirs.annotations, GRANT_UID: "other"})
+    snap = make_snapshot(G, source, namespaces=namespaces("a", "b", "c"), copies=[held, theirs])
+    for _ in range(3):  # every reconcile of a retained copy says Denied again
+        p = plan(snap)
+        notices.consent_lost(p, [Outcome(s, s.reason) for s in p.steps])
+        await drain(notices)
+    assert told.told == [(f"{SRC_NS}/{SRC_NAME}", "Secret", CONSENT_LOST)]
