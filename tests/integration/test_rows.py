@@ -244,7 +244,7 @@ def producer_told(k8s: Cluster, namespace: str, name: str) -> list[str]:
     """The messages of the Warnings recorded on the producer's object: consent lost."""
     events = k8s.core.list_namespaced_event(namespace).items
     return [
-        e.message
+        str(e.message)
         for e in events
         if e.reason == "CopyConsentWithdrawn" and e.involved_object.name == name
     ]
