@@ -147,6 +147,10 @@ class Store:
         self.exported = exported
         exported.want(self._exported_wanted())
 
+    def grants_of(self, key: ObjectKey) -> frozenset[str]:
+        """The names of the valid grants whose source is `key`."""
+        return frozenset(self._by_source.get(key, ()))
+
     def exports_of(self, key: ObjectKey) -> tuple[Export, ...]:
         """The cached ProjectionExports that name source `key`, in name order."""
         names = sorted(self._exports_by_source.get(key, ()))

@@ -267,10 +267,12 @@ class Api(ABC):
         req = Request("PATCH", res, namespace, name, body=body, content_type=MERGE_PATCH)
         return await self.send(req)
 
-    async def patch_status(self, res: Resource, name: str, status: Obj) -> Obj:
-        """Merge-patch a cluster-scoped object's status subresource (one write per reconcile)."""
+    async def patch_status(
+        self, res: Resource, name: str, status: Obj, *, namespace: str | None = None
+    ) -> Obj:
+        """Merge-patch an object's status subresource (one write per reconcile at most)."""
         body = {"status": status}
-        req = Request("PATCH", res, None, name, "status", body=body, content_type=MERGE_PATCH)
+        req = Request("PATCH", res, namespace, name, "status", body=body, content_type=MERGE_PATCH)
         return await self.send(req)
 
     async def apply(self, res: Resource, body: Obj, *, namespace: str, field_manager: str) -> Obj:

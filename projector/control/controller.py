@@ -35,6 +35,7 @@ from projector.cache.store import Store
 from projector.config import Config
 from projector.control import hashkey
 from projector.control.conflicts import ConflictWatches
+from projector.control.exportstatus import ExportStatuses
 from projector.control.notices import Notices
 from projector.control.queue import WorkQueue
 from projector.control.recorder import Recorder, timestamp
@@ -99,6 +100,7 @@ class Controller:
         self.hash_key = hash_key
         """Signs the copies' content-hash annotation; None until `run` has read (or created)
         it: no grant is planned without it."""
+        self.export_statuses = ExportStatuses(store, writer)
         self.notices = notices
         """Told of every reconcile's outcomes: a producer learns where consent was lost."""
         self.wings = tuple(wings)
@@ -292,6 +294,7 @@ class Controller:
             self.conflicts.record(name, plan, outcomes)
             if self.notices is not None:
                 self.notices.consent_lost(plan, outcomes)
+            await self.export_statuses.after(plan, outcomes)
             self.metrics.observe(plan, outcomes, since, time.monotonic())
             verdict = plans.verdict(plan, outcomes)
             if rec is not None:

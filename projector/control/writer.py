@@ -39,7 +39,7 @@ from projector.client.retries import (
     status_retrying,
 )
 from projector.core.desired import Bodies
-from projector.core.kinds import BY_KIND, EVENTS, GRANTS, Obj, Resource
+from projector.core.kinds import BY_KIND, EVENTS, EXPORTS, GRANTS, Obj, Resource
 from projector.core.model import Copy, parse_copy
 from projector.core.ownership import may_write
 from projector.core.plans import Action, Outcome, Plan, Reason, Step, conflict_message
@@ -358,6 +358,26 @@ class Writer:
             span.set_attribute("result", "ok")
             self._metrics.status_writes.inc()
             return True
+
+    async def write_export_status(
+        self, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> bool:
+        """Merge-patch a ProjectionExport's status, once (best effort; tell whether it landed).
+
+        Not retried here: the next reconcile of a grant of its source writes it again, and a
+        producer's status must never hold a grant's reconcile back. Gone meanwhile: True.
+        """
+        body = dict(status)
+        try:
+            await self._send(lambda api: api.patch_status(EXPORTS, name, body, namespace=namespace))
+        except NotFound:
+            return True
+        except ApiError as e:
+            self._metrics.status_write_failed(e.status)
+            log.warning("export status write failed", export=f"{namespace}/{name}", status=e.status)
+            return False
+        self._metrics.status_writes.inc()
+        return True
 
     async def apply(self, res: Resource, body: Obj, *, namespace: str, field_manager: str) -> Obj:
         """Server-side apply one object as `field_manager`; the caller retries on failure."""

@@ -52,6 +52,8 @@ class Export:
     """Entries that are neither a namespace name nor a glob: they match nothing."""
     refused: str = ""
     """Why the export consents to nothing (over a bound), if it does."""
+    status: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """The status as stored (what projector last wrote), so an unchanged one is not rewritten."""
     _names: frozenset[str] = field(init=False, repr=False, compare=False)
     _globs: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
@@ -94,6 +96,7 @@ def parse_export(obj: Mapping[str, Any]) -> Export:
         generation=int(meta.get("generation") or 0),
         ignored_to=ignored,
         refused=refused,
+        status=obj.get("status") or {},
     )
 
 

@@ -12,9 +12,10 @@ import heapq
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-from projector.core.model import GrantRecord
+from projector.core.exports import Export, consented
+from projector.core.model import GrantRecord, Source
 from projector.core.plans import (
     FAILURE_REASONS,
     Action,
@@ -313,3 +314,56 @@ def events(
                 Event("Warning", f["reason"], f"{f['namespace']}: {f['message']}".rstrip(": "))
             )
     return out
+
+
+# --- a ProjectionExport's status -------------------------------------------------------------
+
+MAX_GRANTS_LISTED: Final = 20
+"""Grant names an export's status lists at most (the count of copies covers them all)."""
+
+_SOURCE_FOUND = {
+    SourceState.AVAILABLE: ("True", "Found", "the source exists and is read"),
+    SourceState.REFUSED: ("True", "SourceRefused", "the source exists but may never be projected"),
+    SourceState.MISSING: ("False", "SourceMissing", "the source does not exist"),
+}
+
+
+def export_status(
+    export: Export, state: SourceState | None, grants: Iterable[str], copies: int
+) -> dict[str, Any]:
+    """What a ProjectionExport's status says, from names and counts only (never a value).
+
+    Does its source exist, which grants project it (those of this very source: nothing of
+    other producers), and how many namespaces hold a copy it lets in.
+    """
+    found, reason, message = _SOURCE_FOUND.get(
+        state or SourceState.UNKNOWN, ("Unknown", "SourceUnknown", "no grant reads it yet")
+    )
+    if export.refused:
+        message = f"{message}; {export.refused}"
+    condition = {
+        "type": "SourceFound",
+        "status": found,
+        "reason": reason,
+        "message": message,
+        "observedGeneration": export.generation,
+    }
+    return {
+        "observedGeneration": export.generation,
+        "conditions": [condition],
+        "grants": sorted(grants)[:MAX_GRANTS_LISTED],
+        "copies": copies,
+    }
+
+
+def copies_let_in(
+    export: Export, source: Source | None, exports: Sequence[Export], projected: Iterable[str]
+) -> int:
+    """How many of the `projected` namespaces this export's consent lets the copy into."""
+    peers = exports
+    label = f"export {export}"
+    return sum(
+        1
+        for ns in projected
+        if (got := consented(source, peers, ns)) is not None and label in got.via
+    )

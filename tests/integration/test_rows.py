@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes import client
@@ -240,6 +240,15 @@ def test_key_filter_and_rename(
 # -- a ProjectionExport, and the producer's key scope -------------------------------------------
 
 
+def export_status(k8s: Cluster, namespace: str, name: str) -> dict[str, Any] | None:
+    """The export's status once projector has written one that counts a copy."""
+    obj = k8s.custom.get_namespaced_custom_object(
+        "projector.nebari.dev", "v1alpha1", namespace, "projectionexports", name
+    )
+    status = cast(dict[str, Any], obj).get("status") or {}
+    return status if status.get("copies") else None
+
+
 def producer_told(k8s: Cluster, namespace: str, name: str) -> list[str]:
     """The messages of the Warnings recorded on the producer's object: consent lost."""
     events = k8s.core.list_namespaced_event(namespace).items
@@ -261,7 +270,7 @@ def test_an_unlabelled_source_an_export_names_is_projected_as_a_labelled_one(
 ) -> None:
     src, a, b = make_namespace(), make_namespace(), make_namespace()
     k8s.source(src, "hub", DATA, exported=False)  # a third-party chart's Secret: no label
-    k8s.export(src, "hub", [a])
+    export = k8s.export(src, "hub", [a])
     g = k8s.grant((src, "hub"), namespaces=[a, b])
     assert eventually(lambda: k8s.copy_data(a, "hub")) == DATA
     eventually(lambda: denied(k8s, g) == 1)  # b: the export does not reach it
@@ -270,6 +279,11 @@ def test_an_unlabelled_source_an_export_names_is_projected_as_a_labelled_one(
     want = {**DATA, "token": "CANARY-token-3"}
     eventually(lambda: k8s.copy_data(a, "hub") == want)  # its changes arrive as events
     assert untouched_by_projector(k8s, src, "hub")
+    # the producer sees where it goes: the source found, the grant, one namespace with a copy
+    status = eventually(lambda: export_status(k8s, src, export))
+    assert status["grants"] == [g] and status["copies"] == 1
+    assert status["conditions"][0]["type"] == "SourceFound"
+    assert status["conditions"][0]["status"] == "True"
 
 
 @pytest.mark.parametrize("via", ["export", "annotation"])

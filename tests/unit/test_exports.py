@@ -8,6 +8,8 @@ import pytest
 
 from projector.core.exports import LABEL, MAX_EXPORT_KEYS, consented, parse_export
 from projector.core.model import ObjectKey, SourceKind
+from projector.core.plans import SourceState
+from projector.core.status import copies_let_in, export_status
 from tests.unit.factories import make_export, make_source
 
 
@@ -71,3 +73,19 @@ def test_consent_is_the_label_or_a_matching_export_and_keys_are_their_union() ->
     assert every is not None and every.keys is None
     unlabelled = make_source(export_to="*", labelled=False)
     assert consented(unlabelled, (), "a") is None  # its own export-to says nothing unlabelled
+
+
+def test_an_exports_status_counts_only_the_copies_it_lets_in() -> None:
+    """Names and counts only: the source found, this source's grants, the copies this export
+    (not the label, not another export) lets in."""
+    source = make_source(export_to="a")  # the label lets a in
+    mine = make_export(("b", "c"), name="mine")
+    other = make_export(("c", "d"), name="other")
+    assert copies_let_in(mine, source, (mine, other), ["a", "b", "c", "d"]) == 2
+    status = export_status(mine, SourceState.AVAILABLE, ["g2", "g1"], 2)
+    assert status["grants"] == ["g1", "g2"] and status["copies"] == 2
+    assert status["conditions"][0]["status"] == "True"
+    unknown = export_status(mine, None, [], 0)["conditions"][0]
+    assert (unknown["status"], unknown["reason"]) == ("Unknown", "SourceUnknown")
+    many = export_status(mine, SourceState.MISSING, [f"g{i}" for i in range(30)], 0)
+    assert len(many["grants"]) == 20 and many["conditions"][0]["status"] == "False"
