@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.dynamic import DynamicClient
 
 from tests.bed.kube import RBAC, apply_manifests, eventually
 from tests.bed.launcher import ControllerProcess
@@ -137,7 +138,11 @@ def without(obj: dict[str, Any], manager: str) -> dict[str, Any]:
     spec = json.loads(json.dumps(obj["spec"]))
     template = spec["template"]["metadata"]
     notes = template.pop("annotations", None) or {}
-    rest = {k: v for k, v in notes.items() if not k.startswith("projector.nebari.dev/rollout-")}
+    rest = {
+        k: v
+        for k, v in notes.items()
+        if not k.startswith("projector.nebari.dev/rollout-") or k == ROLLOUT_ON
+    }
     if rest:
         template["annotations"] = rest
     return {"spec": spec, "managedFields": fields}
@@ -279,6 +284,128 @@ def test_a_burst_of_100_source_updates_in_10_s_rolls_a_few_times(
     record_property("rollouts", rollouts)
     print(f"burst: 100 updates in {time.monotonic() - start:.1f} s -> {rollouts} rollouts")
     assert 1 <= rollouts <= 5  # measured 1, 3, 4, 1 (zero replicas: only the window collapses)
+
+
+# --- opted in on the pod template (issue 37, item 3) ----------------------------------------------
+
+CHART = "helm"
+"""The field manager of the chart that renders the consumer (Helm 4 applies server-side)."""
+CHECKSUM = {"checksum/config": "c1"}  # what charts put on a pod template anyway
+
+
+def chart_apply(api: client.ApiClient, ns: str, name: str, template_notes: dict[str, str]) -> None:
+    """What a chart with values like dask-gateway's `gateway.annotations` renders and applies:
+    a Deployment whose pod template carries `template_notes`, its own metadata none. Not
+    forced: a field of projector's in the way would fail it."""
+    body = api.sanitize_for_serialization(consumer(name, IMAGE))
+    body |= {"apiVersion": "apps/v1", "kind": "Deployment"}
+    body["metadata"]["namespace"] = ns
+    body["spec"]["template"]["metadata"]["annotations"] = dict(template_notes)
+    dynamic = DynamicClient(api)
+    deployments = dynamic.resources.get(api_version="apps/v1", kind="Deployment")
+    dynamic.server_side_apply(deployments, body=body, field_manager=CHART)
+
+
+def template_notes(apps: client.AppsV1Api, ns: str, name: str) -> dict[str, str]:
+    return dict(apps.read_namespaced_deployment(name, ns).spec.template.metadata.annotations or {})
+
+
+def owned(obj: dict[str, Any], manager: str) -> list[dict[str, Any]]:
+    """The managedFields entries of `manager`, without their time stamps."""
+    return [
+        {k: v for k, v in f.items() if k != "time"}
+        for f in obj["metadata"].get("managedFields") or []
+        if f["manager"] == manager
+    ]
+
+
+def test_a_pod_template_opt_in_rolls_once_and_its_annotation_stays_the_charts(
+    rollout_rbac: None,
+    world: World,
+    admin_client: client.ApiClient,
+) -> None:
+    k8s, core_v1, apps_v1 = world.k8s, world.core, world.apps
+    cp = world.start("--rollouts")
+    producer, ns, grant = world.project()
+    h0 = copy_hash(core_v1, ns)
+    chart = {**CHECKSUM, ROLLOUT_ON: "db"}
+    chart_apply(admin_client, ns, "web", chart)  # opted in from the start, on its template only
+    chart_apply(admin_client, ns, "late", CHECKSUM)
+    eventually(lambda: revision(apps_v1, ns, "late") == 1)
+    chart_apply(admin_client, ns, "late", chart)  # opts in later: a template change of its own
+    eventually(lambda: revision(apps_v1, ns, "late") == 2, message="Kubernetes' own rollout")
+
+    # first sight: a baseline on each Deployment's own metadata, no stamp, no rollout of ours
+    for name in ("web", "late"):
+        eventually(lambda: baselined(apps_v1, ns, name, h0), message=f"{name} baselined")  # noqa: B023
+    eventually(cp.idle)
+    assert stamp(apps_v1, ns, "web") is None and stamp(apps_v1, ns, "late") is None
+    assert revision(apps_v1, ns, "web") == 1 and revision(apps_v1, ns, "late") == 2
+    before = raw(admin_client, ns, "web")
+
+    h1 = rotate(k8s, core_v1, producer, ns, "CANARY-rollout-1")
+    for name, rev in (("web", 2), ("late", 3)):  # one rollout each, no more
+        eventually(
+            lambda: stamp(apps_v1, ns, name) == h1 and revision(apps_v1, ns, name) == rev,  # noqa: B023
+            message=f"{name} rolled once",
+        )
+    eventually(cp.idle)
+    assert revision(apps_v1, ns, "web") == 2 and revision(apps_v1, ns, "late") == 3
+
+    after = raw(admin_client, ns, "web")
+    assert template_notes(apps_v1, ns, "web") == {**chart, "projector.nebari.dev/rollout-db": h1}
+    assert without(after, MANAGER) == without(before, MANAGER)  # nothing else changed
+    # the chart's fields, rollout-on on the template among them, are still the chart's alone
+    charts = owned(after, CHART)
+    assert charts == owned(before, CHART) and len(charts) == 1
+    template_fields = charts[0]["fieldsV1"]["f:spec"]["f:template"]["f:metadata"]
+    assert f"f:{ROLLOUT_ON}" in template_fields["f:annotations"]
+    ours = owned(after, MANAGER)
+    assert len(ours) == 1 and ours[0]["fieldsV1"] == {
+        "f:metadata": {"f:annotations": {"f:projector.nebari.dev/seen-db": {}}},
+        "f:spec": {
+            "f:template": {
+                "f:metadata": {"f:annotations": {"f:projector.nebari.dev/rollout-db": {}}}
+            }
+        },
+    }
+    events = core_v1.list_namespaced_event(ns, field_selector="involvedObject.name=web").items
+    assert [e.reason for e in events if e.reason == "RolloutStarted"] == ["RolloutStarted"]
+    assert cp.metric("projector_rollouts_total", grant=grant, namespace=ns) == 2  # web, late
+
+    chart_apply(admin_client, ns, "web", chart)  # the chart applied again: nothing moves
+    eventually(cp.idle)
+    assert raw(admin_client, ns, "web")["metadata"]["generation"] == after["metadata"]["generation"]
+
+
+def test_removing_a_pod_template_opt_in_stops_rollouts(
+    rollout_rbac: None,
+    world: World,
+    admin_client: client.ApiClient,
+) -> None:
+    k8s, core_v1, apps_v1 = world.k8s, world.core, world.apps
+    cp = world.start("--rollouts")
+    producer, ns, _ = world.project()
+    chart = {**CHECKSUM, ROLLOUT_ON: "db"}
+    chart_apply(admin_client, ns, "web", chart)
+    eventually(lambda: baselined(apps_v1, ns, "web", copy_hash(core_v1, ns)))
+    h1 = rotate(k8s, core_v1, producer, ns, "CANARY-rollout-1")
+    eventually(lambda: stamp(apps_v1, ns, "web") == h1 and revision(apps_v1, ns, "web") == 2)
+
+    # the chart drops it: gone from the template (projector never held it), and Kubernetes
+    # rolls that template change as any other
+    chart_apply(admin_client, ns, "web", CHECKSUM)
+    eventually(lambda: ROLLOUT_ON not in template_notes(apps_v1, ns, "web"), message="dropped")
+    eventually(lambda: revision(apps_v1, ns, "web") == 3)
+    # a later opt-in on the same watch, baselined: the removal before it has been seen too
+    chart_apply(admin_client, ns, "probe", chart)
+    eventually(lambda: baselined(apps_v1, ns, "probe", h1), message="the probe baselined")
+
+    h2 = rotate(k8s, core_v1, producer, ns, "CANARY-rollout-2")
+    eventually(lambda: stamp(apps_v1, ns, "probe") == h2, message="the probe rolled")
+    eventually(cp.idle)
+    assert stamp(apps_v1, ns, "web") == h1 and revision(apps_v1, ns, "web") == 3
+    assert template_notes(apps_v1, ns, "web") == {**CHECKSUM, "projector.nebari.dev/rollout-db": h1}
 
 
 def test_without_the_flag_no_workload_is_listed_watched_or_touched(world: World) -> None:
