@@ -1,10 +1,10 @@
 """`projector validate` and `projector explain`: the operator's commands besides `run`.
 
-`validate` is offline (the CRD's own schema and CEL rules, `projector.core.validate`). `explain`
-reads the cluster once (`Store.load`: one list of each kind, no watch), takes the same snapshot
-the controller would, runs the same `reconcile.plan()` and says why each namespace is in its
-state (`projector.core.explain`). It needs read access to grants, namespaces and Secrets, like a
-cluster admin; it never prints a Secret's value.
+`validate` is offline (grants and exports, each against its CRD's own schema and CEL rules,
+`projector.core.validate`). `explain` reads the cluster once (`Store.load`: one list of each
+kind, no watch), takes the same snapshot the controller would, runs the same `reconcile.plan()`
+and says why each namespace is in its state (`projector.core.explain`). It needs read access
+to grants, namespaces and Secrets, like a cluster admin; it never prints a Secret's value.
 """
 
 from __future__ import annotations
@@ -31,23 +31,26 @@ if TYPE_CHECKING:  # explain only: `validate` stays offline and quick to start
 
 
 def _validate(args: argparse.Namespace) -> int:
-    crd = validating.Crd.load(args.crd)
-    grants = files = 0
+    crds = validating.load_crds(args.crd or ())
+    found: dict[str, int] = dict.fromkeys(crds, 0)
+    files = 0
     errors: list[validating.Error] = []
     for path in validating.manifests(args.paths):
         files += 1
-        found, errs = validating.check_file(crd, path)
-        grants += found
+        counts, errs = validating.check_file(crds, path)
+        for kind, n in counts.items():
+            found[kind] += n
         errors += errs
     for e in errors:
         print(e)
     for w in validating.consent_warnings(args.paths):
         print(f"warning: {w}", file=sys.stderr)
-    if files == 0 or (grants == 0 and not errors):
-        print("projector validate: no ProjectionGrant found", file=sys.stderr)
+    if files == 0 or (not any(found.values()) and not errors):
+        print(f"projector validate: no {' or '.join(crds)} found", file=sys.stderr)
         return 1
     verdict = "ok" if not errors else f"{len(errors)} error(s)"
-    print(f"{grants} ProjectionGrant(s) in {files} file(s): {verdict}", file=sys.stderr)
+    counted = ", ".join(f"{n} {kind}(s)" for kind, n in found.items())
+    print(f"{counted} in {files} file(s): {verdict}", file=sys.stderr)
     return 1 if errors else 0
 
 
@@ -162,9 +165,16 @@ def parser() -> argparse.ArgumentParser:
     """The flags of `validate` and `explain`."""
     p = argparse.ArgumentParser(prog="projector")
     sub = p.add_subparsers(dest="command", required=True)
-    v = sub.add_parser("validate", help="check ProjectionGrant manifests offline")
+    v = sub.add_parser(
+        "validate", help="check ProjectionGrant and ProjectionExport manifests offline"
+    )
     v.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="files or directories")
-    v.add_argument("--crd", type=Path, help="the CRD to check against (default: the packaged one)")
+    v.add_argument(
+        "--crd",
+        type=Path,
+        action="append",
+        help="a CRD to check its kind against instead of the packaged one (repeatable)",
+    )
     e = sub.add_parser("explain", help="why a Secret is (not) projected where")
     e.add_argument("grant", nargs="?", help="a ProjectionGrant name")
     e.add_argument("--secret", metavar="NS/NAME", help="explain a source Secret instead")

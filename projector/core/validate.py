@@ -1,11 +1,13 @@
-"""Offline validation of ProjectionGrant manifests against the CRD itself.
+"""Offline validation of ProjectionGrant and ProjectionExport manifests against their CRDs.
 
-The rules are read from the CustomResourceDefinition that the chart installs (never a second,
-hand-copied schema): its OpenAPI v3 schema is checked with `jsonschema`, and every
-`x-kubernetes-validations` CEL rule is evaluated with a CEL interpreter, as the API server
-does, with `self` bound to the value at the rule's place. Kubernetes adds CEL extension
-libraries to the standard ones; those the CRD's rules use are provided here (`KUBERNETES_CEL`)
-and a rule calling anything else is reported as an error rather than passed.
+The rules are read from the CustomResourceDefinitions that the chart installs (never a second,
+hand-copied schema), one per kind (`CRDS`): each document is checked against its own kind's
+CRD, so grants and exports may share a file. The CRD's OpenAPI v3 schema is checked with
+`jsonschema`, and every `x-kubernetes-validations` CEL rule is evaluated with a CEL
+interpreter, as the API server does, with `self` bound to the value at the rule's place.
+Kubernetes adds CEL extension libraries to the standard ones; those the CRDs' rules use are
+provided here (`KUBERNETES_CEL`) and a rule calling anything else is reported as an error
+rather than passed.
 
 Like `kubectl apply` (strict field validation), a field the schema does not declare is an
 error, since the API server would drop it. Each error names the file and line, the field, and
@@ -26,14 +28,16 @@ import jsonschema
 import yaml
 
 from projector.core.model import EXPORT_TO_ANNOTATION, is_exported
-from projector.core.names import is_subdomain
+from projector.core.names import is_label, is_subdomain
 
-CRD_RESOURCE = "crd.yaml"
-"""The chart's CRD, packaged into the wheel under this name (see pyproject.toml)."""
-_REPO_CRD = (
-    Path(__file__).resolve().parents[2]
-    / "deploy/helm/projector/crds/projector.nebari.dev_projectiongrants.yaml"
-)
+CRDS: Mapping[str, tuple[str, str]] = {
+    "ProjectionGrant": ("crd.yaml", "projector.nebari.dev_projectiongrants.yaml"),
+    "ProjectionExport": ("export-crd.yaml", "projector.nebari.dev_projectionexports.yaml"),
+}
+"""Each kind validated by default: the name its CRD is packaged under in the wheel (beside this
+package's modules, `[tool.hatch.build.targets.wheel.force-include]` in pyproject.toml), and the
+chart's file it comes from, read from a checkout when the package carries none (editable)."""
+_CHART_CRDS = Path(__file__).resolve().parents[2] / "deploy/helm/projector/crds"
 _REQUIRED = re.compile(r"'(.+)' is a required property")
 
 KUBERNETES_CEL: Mapping[str, Callable[..., Any]] = {
@@ -65,12 +69,13 @@ class Rule:
 
 
 class Crd:
-    """What validation needs from the CRD: kind, served apiVersions, schema and CEL rules."""
+    """What validation needs from a CRD: kind, scope, served apiVersions, schema and CEL rules."""
 
     def __init__(self, crd: Mapping[str, Any], source: str) -> None:
         self.source = source
         spec = crd["spec"]
         self.kind: str = spec["names"]["kind"]
+        self.namespaced: bool = spec.get("scope") == "Namespaced"
         self.schemas: dict[str, dict[str, Any]] = {
             f"{spec['group']}/{v['name']}": v["schema"]["openAPIV3Schema"]
             for v in spec["versions"]
@@ -78,14 +83,29 @@ class Crd:
         }
 
     @classmethod
-    def load(cls, path: Path | None = None) -> Crd:
-        """The CRD at `path`; by default the packaged one, else the chart's in a checkout."""
+    def load(cls, path: Path | None = None, kind: str = "ProjectionGrant") -> Crd:
+        """The CRD at `path`; by default `kind`'s packaged one, else the chart's in a checkout."""
         if path is not None:
             return cls(yaml.safe_load(path.read_text()), str(path))
-        packaged = resources.files("projector") / CRD_RESOURCE
+        resource, chart_file = CRDS[kind]
+        packaged = resources.files("projector") / resource
         if packaged.is_file():
-            return cls(yaml.safe_load(packaged.read_text()), "projector/crd.yaml")
-        return cls(yaml.safe_load(_REPO_CRD.read_text()), str(_REPO_CRD))
+            return cls(yaml.safe_load(packaged.read_text()), f"projector/{resource}")
+        chart = _CHART_CRDS / chart_file
+        return cls(yaml.safe_load(chart.read_text()), str(chart))
+
+
+def load_crds(paths: Sequence[Path] = ()) -> dict[str, Crd]:
+    """The CRD of each kind to validate, by kind.
+
+    Every kind of `CRDS` from the package (or the checkout); each CRD at `paths` in place of
+    its kind's (or beside them, for another kind).
+    """
+    crds = {kind: Crd.load(kind=kind) for kind in CRDS}
+    for path in paths:
+        crd = Crd.load(path)
+        crds[crd.kind] = crd
+    return crds
 
 
 def _strict(schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -176,7 +196,7 @@ def _evaluate(rule: Rule, value: Any) -> str | None:
 
 
 def check_document(crd: Crd, doc: Any, node: yaml.Node, file: str) -> list[Error]:
-    """Every error in one ProjectionGrant document, as the API server would report it."""
+    """Every error in one document of `crd`'s kind, as the API server would report it."""
     api_version = doc.get("apiVersion")
     schema = crd.schemas.get(str(api_version))
     if schema is None:
@@ -189,15 +209,15 @@ def check_document(crd: Crd, doc: Any, node: yaml.Node, file: str) -> list[Error
     def add(path: Path_, message: str) -> None:
         errors.append(Error(file, _line(node, path), _field(path), message))
 
-    name = (
-        (doc.get("metadata") or {}).get("name")
-        if isinstance(doc.get("metadata"), Mapping)
-        else None
-    )
+    meta = doc.get("metadata") if isinstance(doc.get("metadata"), Mapping) else {}
+    name = meta.get("name")
     if not isinstance(name, str) or not name:
         add(("metadata",), "metadata.name is required")
     elif not is_subdomain(name):
         add(("metadata", "name"), "must be a DNS-1123 subdomain (lower case, digits, '-', '.')")
+    # A namespaced object's namespace may be left to kubectl's context, but not be malformed.
+    if crd.namespaced and "namespace" in meta and not is_label(meta["namespace"]):
+        add(("metadata", "namespace"), "must be a DNS-1123 label (lower case, digits, '-')")
 
     bad_places: list[Path_] = []
     validator = jsonschema.Draft7Validator(_strict(schema))
@@ -226,11 +246,25 @@ def check_document(crd: Crd, doc: Any, node: yaml.Node, file: str) -> list[Error
 
 
 def _schema_message(e: jsonschema.ValidationError) -> str:
+    """The API server's words where jsonschema's would quote a whole (maybe huge) value."""
     if e.validator == "pattern":
         return f"{e.instance!r} does not match {e.validator_value!r}"
     if e.validator == "enum":
         values = e.validator_value if isinstance(e.validator_value, list) else []
         return f"{e.instance!r} is not one of {', '.join(map(str, values))}"
+    size = len(e.instance) if isinstance(e.instance, (list, str)) else 0
+    if e.validator == "maxItems":
+        return f"too many: {size}: must have at most {e.validator_value} items"
+    if e.validator == "minItems":
+        return f"should have at least {e.validator_value} items"
+    if e.validator == "maxLength":
+        return f"too long: {size}: may not be longer than {e.validator_value}"
+    if e.validator == "minLength":
+        return f"should be at least {e.validator_value} chars long"
+    if e.validator == "uniqueItems" and isinstance(e.instance, list):
+        items = e.instance
+        dup = next((v for i, v in enumerate(items) if v in items[:i]), None)
+        return f"duplicate value: {dup!r}"
     return e.message
 
 
@@ -243,24 +277,30 @@ def manifests(paths: Sequence[Path]) -> Iterator[Path]:
             yield p
 
 
-def check_file(crd: Crd, path: Path) -> tuple[int, list[Error]]:
-    """(ProjectionGrants found, errors) in one file; other kinds are skipped."""
+def check_file(crds: Crd | Mapping[str, Crd], path: Path) -> tuple[dict[str, int], list[Error]]:
+    """({kind: documents found}, errors) in one file; kinds without a CRD here are skipped.
+
+    A file may hold several documents of several kinds: each is checked against its own CRD.
+    """
+    by_kind = {crds.kind: crds} if isinstance(crds, Crd) else crds
+    found: dict[str, int] = {}
     file = str(path)
     try:
         text = path.read_text()
     except OSError as e:
-        return 0, [Error(file, 0, "(file)", e.strerror or str(e))]
+        return found, [Error(file, 0, "(file)", e.strerror or str(e))]
     loader = yaml.SafeLoader(text)
-    grants, errors = 0, []
+    errors: list[Error] = []
     try:
         while loader.check_node():
             node = loader.get_node()
             if node is None:
                 continue
             doc = loader.construct_document(node)
-            if not isinstance(doc, Mapping) or doc.get("kind") != crd.kind:
+            crd = by_kind.get(str(doc.get("kind"))) if isinstance(doc, Mapping) else None
+            if crd is None:
                 continue
-            grants += 1
+            found[crd.kind] = found.get(crd.kind, 0) + 1
             errors += check_document(crd, doc, node, file)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
@@ -268,7 +308,7 @@ def check_file(crd: Crd, path: Path) -> tuple[int, list[Error]]:
         errors.append(Error(file, line, "(yaml)", f"{e.problem or e}"))
     finally:
         loader.dispose()
-    return grants, errors
+    return found, errors
 
 
 def _map(value: Any) -> Mapping[str, Any]:
@@ -276,14 +316,17 @@ def _map(value: Any) -> Mapping[str, Any]:
 
 
 def consent_warnings(paths: Sequence[Path]) -> list[str]:
-    """Warnings (never errors) on consent a tenant could give itself, across all `paths`.
+    """Warnings (never errors: the API server accepts all of it) on consent, across all `paths`.
 
     A grant that selects namespaces by label, whose source (found among the same manifests)
-    exports to `*` or a glob, hands a copy to any namespace that is labelled to match: it is
-    only as safe as who may label or create namespaces (docs/security.md).
+    is exported to `*` or a glob (by its export-to annotation or by a ProjectionExport), hands
+    a copy to any namespace that is labelled to match: it is only as safe as who may label or
+    create namespaces (docs/security.md). An export whose `to` names its own namespace says
+    something that never happens: the source's namespace never receives a copy.
     """
     selecting: list[tuple[str, tuple[str, str, str]]] = []
     open_sources: dict[tuple[str, str, str], str] = {}
+    own_namespace: list[str] = []
     for path in manifests(paths):
         try:
             docs = list(yaml.safe_load_all(path.read_text()))
@@ -291,21 +334,33 @@ def consent_warnings(paths: Sequence[Path]) -> list[str]:
             continue  # check_file reports it
         for doc in map(_map, docs):
             meta, spec = _map(doc.get("metadata")), _map(doc.get("spec"))
+            source = _map(spec.get("source"))
             if doc.get("kind") == "ProjectionGrant":
-                source = _map(spec.get("source"))
                 if _map(spec.get("target")).get("namespaceSelector") is not None:
                     kind = str(source.get("kind") or "Secret")
                     key = (kind, str(source.get("namespace")), str(source.get("name")))
                     selecting.append((f"{path}: ProjectionGrant {meta.get('name')}", key))
+            elif doc.get("kind") == "ProjectionExport":
+                ns, to = str(meta.get("namespace")), spec.get("to")
+                to = [str(t) for t in to] if isinstance(to, list) else []
+                key = (str(source.get("kind") or "Secret"), ns, str(source.get("name")))
+                if any(c in t for t in to for c in "*?["):
+                    by = f"ProjectionExport {ns}/{meta.get('name')}"
+                    open_sources.setdefault(key, f"is exported to {','.join(to)!r} by {by}")
+                if "namespace" in meta and ns in to:
+                    own_namespace.append(
+                        f"{path}: ProjectionExport {ns}/{meta.get('name')}: spec.to names its "
+                        f"own namespace {ns!r}, which never receives a copy of its own source"
+                    )
             elif doc.get("kind") in ("Secret", "ConfigMap"):
                 export_to = str(_map(meta.get("annotations")).get(EXPORT_TO_ANNOTATION, ""))
                 if is_exported(_map(meta.get("labels"))) and any(c in export_to for c in "*?["):
                     key = (str(doc["kind"]), str(meta.get("namespace")), str(meta.get("name")))
-                    open_sources[key] = export_to
+                    open_sources[key] = f"exports to {export_to!r}"
     return [
-        f"{where}: selects namespaces by label and its source {kind} {ns}/{name} exports to "
-        f"{open_sources[(kind, ns, name)]!r}: any namespace labelled to match gets a copy, so "
+        f"{where}: selects namespaces by label and its source {kind} {ns}/{name} "
+        f"{open_sources[(kind, ns, name)]}: any namespace labelled to match gets a copy, so "
         "this is only as safe as who may label namespaces (docs/security.md)"
         for where, (kind, ns, name) in selecting
         if (kind, ns, name) in open_sources
-    ]
+    ] + own_namespace
