@@ -1,8 +1,9 @@
 """The operations a model-based run makes, and the seeded generator that draws them.
 
 Every operation is a frozen dataclass of plain values naming things in an abstract universe
-(namespaces `n0`-`n2` and the protected `pr`, sources `s0`/`s1`, grants `g0`/`g1`, target names
-`s0`/`s1`/`c0`, data values `v<n>`), so that a sequence prints as Python that replays in any
+(namespaces `n0`-`n2` and the protected `pr`, sources `s0`/`s1`, grants `g0`-`g2`, target names
+`s0`/`s1`/`c0`, ProjectionExports `e0`/`e1` in any namespace, data keys `k`/`x` (and `z`, which
+no source holds), data values `v<n>`), so that a sequence prints as Python that replays in any
 fresh universe (`render`), and a shrinker can drop any operation: one that no longer applies
 when it runs (a grant to update that does not exist, a copy to edit that is not there) is skipped,
 never an error.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 NAMESPACES = ("n0", "n1", "n2", "pr")
 """`pr` is protected (`--protected-namespaces`): never a target."""
@@ -28,8 +29,9 @@ TARGETS = (None, None, "c0", "c0", "c0", "c0", "c0", "c0", "s1")
 PLACE_NAMES = ("s0", "s1", "c0")
 DATA_KEYS = ("k", "x")
 TYPES = ("Opaque", "example.com/a", "bootstrap.kubernetes.io/token")
-LABELS = ("true",) * 12 + (None, "True")
-"""The export label's value (None: no label; `True` is not consent)."""
+LABELS = ("true",) * 12 + (None, None, None, "True")
+"""The export label's value (None: no label; `True` is not consent). An unlabelled source
+is projected only where an export names it."""
 EXPORT_TO: tuple[tuple[str, ...] | str | None, ...] = (
     *((("*",),) * 14),
     ("n0", "n1", "n2"),
@@ -46,6 +48,47 @@ EXPORT_TO: tuple[tuple[str, ...] | str | None, ...] = (
 )
 """An export-to annotation: None absent, () empty, entries (names and globs of the universe,
 qualified when rendered), or "oversized" (past the 256-entry cap, `*` among them)."""
+EXPORT_KEYS: tuple[tuple[str, ...] | str | None, ...] = (
+    None,
+    None,
+    ("k",),
+    ("k",),
+    ("x",),
+    ("k", "x"),
+    ("k", "z"),
+    (),
+    "oversized",
+)
+"""An export-keys annotation: None absent (every key), () blank (no key), key names, or
+"oversized" (past export-to's 256-entry bound, `k` and `x` among them: no key)."""
+EXPORTS = ("e0", "e1")
+"""ProjectionExport names (each namespace may hold both)."""
+EXPORT_TOS: tuple[tuple[str, ...], ...] = (
+    ("*",),
+    ("*",),
+    ("*",),
+    ("n1",),
+    ("n1", "n2"),
+    ("n2",),
+    ("n0",),
+    ("n*",),
+    ("n[02]",),
+    ("pr", "n1"),
+)
+"""An export's `to` (required, non-empty; names and globs of the universe, qualified when
+rendered)."""
+EXPORT_SCOPES: tuple[tuple[str, ...] | None, ...] = (
+    None,
+    None,
+    None,
+    ("k",),
+    ("k",),
+    ("x",),
+    ("k", "x"),
+    ("z",),
+    (),
+)
+"""An export's `keys`: None omitted (every key), () an empty list (no key), or key names."""
 PACKS = ("x", "x", "y", None)
 FAULTS = ("kill", "watch", "blackhole", "apiserver")
 """`kill`: the controller killed (SIGKILL or SIGTERM), started again later; `watch`: its
@@ -108,6 +151,16 @@ class SourceExportTo:
 
 
 @dataclass(frozen=True)
+class SourceExportKeys:
+    """The export-keys annotation set (a tuple: comma-joined; () blank), removed (None), or
+    "oversized"."""
+
+    ns: str
+    name: str
+    keys: tuple[str, ...] | str | None
+
+
+@dataclass(frozen=True)
 class SourceRetype:
     """The type of a Secret cannot change: deleted and created again with the same data."""
 
@@ -143,6 +196,33 @@ class GrantUpdate(GrantCreate):
 @dataclass(frozen=True)
 class GrantDelete:
     grant: str
+
+
+@dataclass(frozen=True)
+class ExportCreate:
+    """A ProjectionExport `name` in namespace `ns`, of the Secret `source` of that namespace."""
+
+    ns: str
+    name: str
+    source: str
+    to: tuple[str, ...] = ("*",)
+    keys: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ExportUpdate:
+    """An export's `to` and `keys` written again (its source stays)."""
+
+    ns: str
+    name: str
+    to: tuple[str, ...]
+    keys: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ExportDelete:
+    ns: str
+    name: str
 
 
 @dataclass(frozen=True)
@@ -225,10 +305,14 @@ Op = (
     | SourceData
     | SourceLabel
     | SourceExportTo
+    | SourceExportKeys
     | SourceRetype
     | SourceDelete
     | GrantCreate
     | GrantDelete
+    | ExportCreate
+    | ExportUpdate
+    | ExportDelete
     | CopyEdit
     | CopyDelete
     | Squat
@@ -271,6 +355,8 @@ class View:
     copies: frozenset[tuple[str, str]]
     controller_up: bool
     watches_cut: bool
+    exports: Mapping[tuple[str, str], ExportCreate] = field(default_factory=dict)
+    """Existing exports (not in a terminating namespace), by (namespace, name)."""
 
 
 class Generator:
@@ -327,6 +413,40 @@ class Generator:
             return TYPES[2]
         return next(t for t in TYPES[:2] if t != type_) if type_ in TYPES[:2] else TYPES[0]
 
+    def _export(self, view: View) -> Op:
+        """Most exports stand beside a source (an unlabelled one is projected only so); one
+        draw in ten names an export that may not exist (an update or delete that does not
+        apply)."""
+        rng = self.rng
+        homes = sorted({ns for ns, _ in view.sources if ns in view.namespaces})
+        if homes and rng.random() < 0.85:
+            ns = rng.choice(homes)
+        else:
+            ns = rng.choice(tuple(view.namespaces) or NAMESPACES)
+        name = rng.choice(EXPORTS)
+        spec = view.exports.get((ns, name))
+        if spec is None:
+            if rng.random() < 0.1:
+                return rng.choice(
+                    (
+                        ExportUpdate(ns, name, rng.choice(EXPORT_TOS), rng.choice(EXPORT_SCOPES)),
+                        ExportDelete(ns, name),
+                    )
+                )
+            beside = sorted(n for n_, n in view.sources if n_ == ns)
+            source = rng.choice(beside) if beside and rng.random() < 0.9 else rng.choice(SOURCES)
+            return ExportCreate(ns, name, source, rng.choice(EXPORT_TOS), rng.choice(EXPORT_SCOPES))
+        to, keys = rng.choice(EXPORT_TOS), rng.choice(EXPORT_SCOPES)
+        return rng.choice(
+            (
+                ExportUpdate(ns, name, to, spec.keys),
+                ExportUpdate(ns, name, to, spec.keys),
+                ExportUpdate(ns, name, spec.to, keys),
+                ExportUpdate(ns, name, to, keys),
+                ExportDelete(ns, name),
+            )
+        )
+
     def next(self, view: View) -> Op:
         self._since_converge += 1
         if self._since_converge > self.converge_every and self.rng.random() < 0.5:
@@ -339,7 +459,15 @@ class Generator:
 
     def _draw(self, view: View) -> Op | None:
         rng = self.rng
-        weights = {"ns": 10, "source": 28, "grant": 26, "copy": 12, "squat": 6, "fault": 12}
+        weights = {
+            "ns": 10,
+            "source": 28,
+            "grant": 26,
+            "export": 12,
+            "copy": 12,
+            "squat": 6,
+            "fault": 12,
+        }
         if not self.faults:
             weights["fault"] = 0
         if len(view.sources) < 2:
@@ -374,8 +502,12 @@ class Generator:
                     SourceDelete(*key),
                     SourceData(*key, self.data()),
                     SourceExportTo(*key, rng.choice(EXPORT_TO)),
+                    SourceExportKeys(*key, rng.choice(EXPORT_KEYS)),
+                    SourceExportKeys(*key, rng.choice(EXPORT_KEYS)),
                 )
             )
+        if kind == "export":
+            return self._export(view)
         if kind == "grant":
             grant = rng.choice(GRANTS)
             if grant not in view.grants:

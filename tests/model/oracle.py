@@ -19,11 +19,23 @@ seen, the controller idle) the place must be in `settle(...)` exactly.
 
 The rules, each a row of DESIGN §3 (or a sentence of §2):
 
-- Both consents: the admin's grant lists or selects the namespace; the producer's Secret has
-  the label `projector.nebari.dev/export: "true"` (that spelling only) and an `export-to` entry
-  (a name, or a shell glob; `*` any) matching it. Missing or empty export-to: nobody. Past 256
-  entries, 32 globs or 16 KiB the annotation is ignored as a whole (nobody). An entry that is
-  neither a name nor a glob (`!a`, `-a`) matches nothing.
+- Both consents: the admin's grant lists or selects the namespace; the producer consents there
+  by the *label path* (the Secret has the label `projector.nebari.dev/export: "true"`, that
+  spelling only, and an `export-to` entry, a name or a shell glob, `*` any, matching it) **or**
+  by any `ProjectionExport` of the source's namespace naming the source whose `to` matches
+  (an unlabelled source an export names is projected exactly like a labelled one; its own
+  export-to says nothing). Missing or empty export-to: nobody by the label path. Past 256
+  entries, 32 globs or 16 KiB the annotation is ignored as a whole (nobody); an export past
+  256 `to` entries or 32 globs consents to nothing. An entry that is neither a name nor a glob
+  (`!a`, `-a`) matches nothing.
+- The producer's key scope, per namespace: the union of the scopes of the consents that let a
+  copy in there (the label path: its `export-keys` annotation, comma-separated, absent = every
+  key, blank or past export-to's bounds = no key; each matching export: its `keys`, omitted =
+  every key, an empty list = no key). A grant without keys copies the source's keys within the
+  scope (the source's type only if that is every key, else Opaque); a grant whose keys name
+  one outside the scope writes nothing there (KeyNotExported, even if the source lacks the key
+  too: the scope is a hard boundary, and a kept last copy could hold a key no longer
+  exported), and what it held there follows onRevoke, as when consent is withdrawn.
 - Never a target: the source's own namespace, a protected namespace, a missing or terminating
   namespace (terminating: no write at all; the copy goes with the namespace).
 - A grant *aims* at a place when both consents hold there and the place's name is its target
@@ -60,9 +72,27 @@ it decided an outcome:
 - AMBIGUOUS_SOURCE_GONE_UNTARGETED: the source is deleted and the place is no longer targeted
   (or never was, e.g. an old target name): onSourceDeleted (source deleted) or onRevoke
   (namespace untargeted)?
+- AMBIGUOUS_EMPTY_SCOPE: a grant without keys where the producer's scope leaves none of the
+  source's keys (a blank export-keys, `keys: []`, or a scope naming only keys the source
+  lacks): "copies exactly those keys" (a copy holding no key, Opaque), or "no key leaves"
+  read as nothing written there (what stood there follows onRevoke)?
+- AMBIGUOUS_UNEXPORTED_SENIOR: the oldest grant aiming here names a key the producer does not
+  export here: KeyNotExported is "like Denied" (the producer does not consent to it, so it
+  does not aim and a younger grant may win), or it still aims at the same copy and blocks a
+  younger grant as an older grant with a missing key does? (Its own copy follows onRevoke
+  either way.)
+- A Secret that is not a source (a copy of another grant, a squatter) at the key an export
+  names is, by the words, "an unlabelled source an export names": projected as any source,
+  its content what that place may hold (`World.contents`); the oracle follows where copies
+  may stand, place by place (`reach`).
+- AMBIGUOUS_COPY_AS_SOURCE: that Secret carries projector's mark (a copy, or a squatter
+  dressed as one): projected on as any source an export names, or refused as a source (like
+  a token type: nothing projected, what was follows onRevoke)? Before exports a copy could
+  never be a source (it cannot carry the export label); an export beside a copy would let
+  the receiving namespace pass on what the producer consented to send there only.
 
-Not modelled (they do not exist yet, or are other tests' subject): ProjectionExport objects
-and `export-keys` key scopes, ConfigMap sources, a grant's extra labels and annotations.
+Not modelled (other tests' subject): ConfigMap sources, a grant's extra labels and
+annotations, the producer's Warning Events and an export's status.
 """
 
 from __future__ import annotations
@@ -71,6 +101,7 @@ import fnmatch
 import itertools
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 
 Key = tuple[str, str]
@@ -87,6 +118,12 @@ AMBIGUOUS_ADOPTION = "ambiguous: a re-created grant meets its predecessor's reta
 AMBIGUOUS_REFUSED_SENIOR = "ambiguous: the oldest grant aiming here has a refused source"
 AMBIGUOUS_POLICY_CHANGED = "ambiguous: onRevoke changed before the copy recorded it"
 AMBIGUOUS_SOURCE_GONE_UNTARGETED = "ambiguous: source deleted where no longer targeted"
+AMBIGUOUS_EMPTY_SCOPE = "ambiguous: a grant without keys, no key of the source in scope"
+AMBIGUOUS_UNEXPORTED_SENIOR = "ambiguous: the oldest grant aiming here names an unexported key"
+AMBIGUOUS_COPY_AS_SOURCE = "ambiguous: an export names a Secret carrying projector's mark"
+
+EMPTY_COPY, EMPTY_NOTHING = "a copy holding no key", "nothing written"
+"""The two readings of AMBIGUOUS_EMPTY_SCOPE (`World.empty_scope`)."""
 
 
 @dataclass(frozen=True)
@@ -106,10 +143,35 @@ class Source:
     type: str = "Opaque"
     export_label: str | None = "true"
     export_to: str | None = None
+    export_keys: str | None = None
+    """The `export-keys` annotation as written (None: absent, every key)."""
+    marked: bool = False
+    """It carries projector's mark (a copy, or a Secret dressed as one): see
+    AMBIGUOUS_COPY_AS_SOURCE."""
 
     @property
     def key(self) -> Key:
         return (self.namespace, self.name)
+
+
+@dataclass(frozen=True)
+class Export:
+    """A ProjectionExport: the Secret `source` of its own namespace may go `to` these
+    namespaces (names, globs, `*`), with only `keys` (None: every key)."""
+
+    namespace: str
+    name: str
+    source: str
+    to: tuple[str, ...]
+    keys: tuple[str, ...] | None = None
+
+    @property
+    def key(self) -> Key:
+        return (self.namespace, self.name)
+
+    @property
+    def source_key(self) -> Key:
+        return (self.namespace, self.source)
 
 
 @dataclass(frozen=True)
@@ -179,10 +241,27 @@ class World:
     dying: frozenset[Key] = frozenset()
     """Sources in a terminating namespace: its controller deletes them at a moment nobody
     knows, so each is, until the namespace is gone, there or not."""
+    exports: Mapping[Key, Export] = field(default_factory=dict)
+    """ProjectionExports by (namespace, name)."""
+    dying_exports: frozenset[Key] = frozenset()
+    """Exports in a terminating namespace: there or not, as a dying source."""
+    contents: Mapping[Key, frozenset[tuple[Data, str]]] = field(default_factory=dict)
+    """What a Secret that is not a source may hold at a key of `others` ((data, type) each):
+    it matters where an export names that key, which makes it a source like any other."""
+    empty_scope: str = EMPTY_COPY
+    """The reading of AMBIGUOUS_EMPTY_SCOPE this world takes (`resolutions` tries both)."""
+    marked: frozenset[Key] = frozenset()
+    """Squatters carrying projector's mark (dressed as copies)."""
+    refuse_marked: bool = False
+    """The reading of AMBIGUOUS_COPY_AS_SOURCE this world takes (`resolutions` tries both)."""
+    stand_ins: frozenset[Key] = frozenset()
+    """Sources a resolution made of a copy that stands at a key a grant names: a Secret as
+    far as that grant is concerned, but, at its own place, that place's state (its grant may
+    still rewrite or delete it), not a foreign object."""
 
     def occupied(self, place: Key) -> bool:
         """A Secret that is not a copy stands there: no copy can."""
-        return place in self.squatters or place in self.sources
+        return place in self.squatters or (place in self.sources and place not in self.stand_ins)
 
     def grant_by_uid(self, uid: str) -> Grant | None:
         return next((g for g in self.grants.values() if g.uid == uid), None)
@@ -193,20 +272,76 @@ class World:
 _VALID_ENTRY = re.compile(r"[a-z0-9*?\[][a-z0-9*?\[\]-]*")
 
 
-def producer_allows(source: Source, namespace: str) -> bool:
-    """The label, then one export-to entry matching (missing, empty or oversized: nobody)."""
-    if source.export_label != "true" or not source.export_to:
-        return False
-    value = source.export_to
-    entries = [e.strip() for e in value.split(",")]
-    if len(value) > MAX_CHARS or len(entries) > MAX_ENTRIES:
-        return False
+def _audience(entries: Sequence[str], namespace: str) -> bool:
+    """One entry (a name or a glob; `*` any) matches; past 32 globs, nobody."""
     entries = [e for e in entries if e]
     if sum(1 for e in entries if any(c in e for c in "*?[")) > MAX_GLOBS:
         return False
     return any(
         _VALID_ENTRY.fullmatch(e) is not None and fnmatch.fnmatchcase(namespace, e) for e in entries
     )
+
+
+def _entries(value: str) -> list[str] | None:
+    """A comma-separated annotation's entries, or None past its bounds (256, 16 KiB)."""
+    entries = [e.strip() for e in value.split(",")]
+    if len(value) > MAX_CHARS or len(entries) > MAX_ENTRIES:
+        return None
+    return entries
+
+
+def producer_allows(source: Source, namespace: str) -> bool:
+    """The label path: the label, then one export-to entry matching (missing, empty or
+    oversized: nobody)."""
+    if source.export_label != "true" or not source.export_to:
+        return False
+    entries = _entries(source.export_to)
+    return entries is not None and _audience(entries, namespace)
+
+
+Scope = frozenset[str] | None
+"""The keys that may leave; None: every key."""
+
+
+def label_scope(source: Source) -> Scope:
+    """The label path's keys: export-keys (absent: every key; blank or oversized: none)."""
+    if source.export_keys is None:
+        return None
+    entries = _entries(source.export_keys)
+    return frozenset(e for e in entries or () if e)
+
+
+def export_allows(export: Export, namespace: str) -> bool:
+    """An export's `to` matches (past 256 entries or 32 globs it consents to nothing)."""
+    return len(export.to) <= MAX_ENTRIES and _audience([e.strip() for e in export.to], namespace)
+
+
+def exports_of(world: World, key: Key) -> list[Export]:
+    """The exports naming the source `key` (each in the source's own namespace)."""
+    return [e for _, e in sorted(world.exports.items()) if e.source_key == key]
+
+
+def scopes(world: World, source: Source, namespace: str) -> list[Scope]:
+    """The key scope of each consent the producer gives in `namespace` (none: no consent)."""
+    out: list[Scope] = []
+    if producer_allows(source, namespace):
+        out.append(label_scope(source))
+    for e in exports_of(world, source.key):
+        if export_allows(e, namespace):
+            out.append(None if e.keys is None else frozenset(e.keys))
+    return out
+
+
+def union(found: Sequence[Scope]) -> Scope:
+    """The keys any of these consents lets leave."""
+    if any(s is None for s in found):
+        return None
+    return frozenset().union(*(s for s in found if s is not None))
+
+
+def producer_consents(world: World, source: Source, namespace: str) -> bool:
+    """The label path, or any export of the source, lets a copy into `namespace`."""
+    return bool(scopes(world, source, namespace))
 
 
 # --- the admin's consent, and who aims where ------------------------------------------------------
@@ -234,7 +369,11 @@ def aims(world: World, grant: Grant, place: Key) -> bool:
     if ns is None or name != grant.target or namespace == grant.source[0]:
         return False
     source = world.sources.get(grant.source)
-    return source is not None and admin_targets(grant, ns) and producer_allows(source, namespace)
+    return (
+        source is not None
+        and admin_targets(grant, ns)
+        and producer_consents(world, source, namespace)
+    )
 
 
 def targeted_place(world: World, grant: Grant, place: Key) -> bool:
@@ -251,17 +390,46 @@ def targeted_place(world: World, grant: Grant, place: Key) -> bool:
 
 KEY_MISSING = "KeyMissing"
 REFUSED = "Refused"
+KEY_NOT_EXPORTED = "KeyNotExported"
+NO_KEY = "NoKeyInScope"
+"""AMBIGUOUS_EMPTY_SCOPE read as nothing written (`EMPTY_NOTHING`)."""
+WRITES_NOTHING = frozenset({REFUSED, KEY_NOT_EXPORTED, NO_KEY})
+"""Why a grant writes nothing at a place it aims at, and what it held there follows onRevoke."""
 
 
-def projection(world: World, grant: Grant) -> Copy | str:
-    """The copy the grant writes, or why it writes none (KEY_MISSING, REFUSED)."""
+def key_scope(world: World, source: Source, namespace: str) -> Scope:
+    """The keys a copy of `source` may hold in `namespace` (every key if nobody consents
+    there: the question is then moot)."""
+    found = scopes(world, source, namespace)
+    return union(found) if found else None
+
+
+def empty_scoped(world: World, grant: Grant, namespace: str) -> bool:
+    """AMBIGUOUS_EMPTY_SCOPE arises for this grant there: no keys of its own, a producer's
+    scope that leaves none of the source's keys."""
+    source = world.sources.get(grant.source)
+    if grant.keys is not None or source is None or not source.data:
+        return False
+    scope = key_scope(world, source, namespace)
+    return scope is not None and not scope & {k for k, _ in source.data}
+
+
+def projection(world: World, grant: Grant, namespace: str) -> Copy | str:
+    """The copy the grant writes into `namespace`, or why it writes none (KEY_MISSING, and
+    WRITES_NOTHING: REFUSED, KEY_NOT_EXPORTED, NO_KEY)."""
     source = world.sources[grant.source]
-    if source.type in REFUSED_TYPES:
+    if source.type in REFUSED_TYPES or (source.marked and world.refuse_marked):
         return REFUSED
     data = dict(source.data)
+    scope = key_scope(world, source, namespace)
     if grant.keys is None:
-        out, whole = data, True
+        out = {k: v for k, v in data.items() if scope is None or k in scope}
+        if data and not out and world.empty_scope == EMPTY_NOTHING:
+            return NO_KEY
+        whole = len(out) == len(data)
     else:
+        if scope is not None and any(f not in scope for f, _ in grant.keys):
+            return KEY_NOT_EXPORTED
         if any(f not in data for f, _ in grant.keys):
             return KEY_MISSING
         out = {t: data[f] for f, t in grant.keys}
@@ -312,10 +480,16 @@ def _successors(world: World, place: Key, state: State, notes: set[str]) -> set[
     if world.occupied(place):
         return {state}  # a foreign object stands there: never touched (and no copy can be)
     aiming = claimants(world, place)
+    if any(empty_scoped(world, g, place[0]) for g in aiming):
+        notes.add(AMBIGUOUS_EMPTY_SCOPE)
+    if world.refuse_marked and any(world.sources[g.source].marked for g in aiming):
+        notes.add(AMBIGUOUS_COPY_AS_SOURCE)
     winners: list[Grant | None] = [*aiming[:1]]
-    if aiming and projection(world, aiming[0]) == REFUSED and len(aiming) > 1:
-        notes.add(AMBIGUOUS_REFUSED_SENIOR)
-        serving = [g for g in aiming if projection(world, g) != REFUSED]
+
+    senior = projection(world, aiming[0], place[0]) if aiming else None
+    if senior in WRITES_NOTHING and len(aiming) > 1:
+        notes.add(AMBIGUOUS_REFUSED_SENIOR if senior == REFUSED else AMBIGUOUS_UNEXPORTED_SENIOR)
+        serving = [g for g in aiming if projection(world, g, place[0]) not in WRITES_NOTHING]
         winners = [aiming[0], *serving[:1]]
     out: set[State] = set()
     for winner in winners or [None]:
@@ -333,7 +507,7 @@ def _step(
     aiming: list[Grant],
     notes: set[str],
 ) -> set[State]:
-    served = projection(world, winner) if winner is not None else None
+    served = projection(world, winner, place[0]) if winner is not None else None
     if state is None:  # an empty place: the winner's copy, if it has one to write
         return {served} if isinstance(served, Copy) else {ABSENT}
     owner = world.grant_by_uid(state.grant_uid)
@@ -348,18 +522,19 @@ def _step(
             out |= {state if s == adopted else s for s in then}
         return out
     if owner in aiming:
-        own = projection(world, owner)
+        own = projection(world, owner, place[0])
         if winner is not None and owner.uid == winner.uid:
             if isinstance(own, Copy):
                 return {own}
             if own == KEY_MISSING:
                 return {state}  # the last copy is kept
-            return _revoked(state, owner, ON_REVOKE, notes)  # refused: follows onRevoke
+            # refused, or a key not exported here: follows onRevoke
+            return _revoked(state, owner, ON_REVOKE, notes)
         # A younger grant's copy where an older one aims: the older takes it (if it has
-        # something to write), and the younger gives it up if its own source is refused.
+        # something to write), and the younger gives it up if it writes nothing here.
         # Two actors: the place rests only if neither moves it.
         moves: set[State] = {served} if isinstance(served, Copy) else set()
-        if own == REFUSED:
+        if own in WRITES_NOTHING:
             moves |= _revoked(state, owner, ON_REVOKE, notes) - {state}
         return moves or {state}
     # its grant no longer aims here: onSourceDeleted if the source is gone from a targeted
@@ -442,24 +617,43 @@ def reach(
 
     A copy written in one of these worlds may stand at a key a grant names as its source: that
     source then reads "not exported" (not "deleted") in the very same worlds, which moves other
-    places (the grant's copies follow onRevoke, not onSourceDeleted). So each world learns
-    where a copy may now stand (`World.others`), and the places are explored again, until
-    nothing new is reachable.
+    places (the grant's copies follow onRevoke, not onSourceDeleted), or, where an export
+    names that key, is projected with what the copy holds. So each world learns where a copy
+    may now stand (`World.others`) and what it may hold (`World.contents`), and the places
+    are explored again, until nothing new is reachable.
     """
     worlds = list(worlds)
     reached = dict(possible)
     while True:
         reached = {place: reachable(worlds, place, states) for place, states in reached.items()}
-        may = {p for p, states in reached.items() if any(s is not None for s in states)}
-        wider = [
-            replace(w, others={**dict.fromkeys(may - set(w.others)), **w.others})
-            if may - set(w.others)
-            else w
-            for w in worlds
-        ]
+        held = {
+            p: frozenset((s.data, s.type) for s in states if s is not None)
+            for p, states in reached.items()
+        }
+        held = {p: h for p, h in held.items() if h}
+        emptied = {p for p, states in reached.items() if ABSENT in states}
+        wider = [_widened(w, held, emptied) for w in worlds]
         if wider == worlds:
             return worlds, reached
         worlds = wider
+
+
+def _widened(
+    world: World, held: Mapping[Key, frozenset[tuple[Data, str]]], emptied: AbstractSet[Key]
+) -> World:
+    """The world, knowing that a copy may stand at each key of `held`, holding one of those,
+    and that the copies at the keys of `emptied` may be gone (a squatter stays certain)."""
+    new = {k for k in held if k not in world.others}
+    grown = {k for k, h in held.items() if not h <= world.contents.get(k, frozenset())}
+    unsure = {k for k, v in world.others.items() if v and k in emptied and k not in world.squatters}
+    if not new and not grown and not unsure:
+        return world
+    contents = {
+        **world.contents,
+        **{k: world.contents.get(k, frozenset()) | held[k] for k in grown},
+    }
+    others = {**dict.fromkeys(new), **world.others, **dict.fromkeys(unsure)}
+    return replace(world, others=others, contents=contents)
 
 
 def consented(world: World) -> Iterator[tuple[Key, Visible]]:
@@ -473,34 +667,75 @@ def consented(world: World) -> Iterator[tuple[Key, Visible]]:
             for namespace in w.namespaces:
                 place = (namespace, grant.target)
                 if aims(w, grant, place) and not w.occupied(place):
-                    copy = projection(w, grant)
+                    copy = projection(w, grant, namespace)
                     if isinstance(copy, Copy):
                         yield place, copy.visible()
 
 
 def resolutions(world: World) -> Iterator[World]:
-    """The world under each reading of its uncertain keys (those some grant names).
+    """The world under each reading of its uncertain keys (those some grant names), and of
+    AMBIGUOUS_EMPTY_SCOPE where it arises.
 
     A source key where a Secret that is not a source may stand is, in one reading, a Secret
-    without the export label, and in the other, nothing (a deleted source). A dying source (its
-    namespace terminating) is, in one reading, still there, and in the other, deleted.
+    without the export label (holding what `World.contents` says it may, if an export names
+    it), and in the other, nothing (a deleted source). A dying source (its namespace
+    terminating) is, in one reading, still there, and in the other, deleted; so is a dying
+    export.
     """
-    if not world.others and not world.dying:
+    for resolved in _resolved(world):
+        named = {g.source for g in resolved.grants.values()}
+        marked = any(s.marked and s.key in named for s in resolved.sources.values())
+        for w in (resolved, replace(resolved, refuse_marked=True)) if marked else (resolved,):
+            yield w
+            if any(empty_scoped(w, g, n) for g in w.grants.values() for n in w.namespaces):
+                yield replace(w, empty_scope=EMPTY_NOTHING)
+
+
+def _resolved(world: World) -> Iterator[World]:
+    if not world.others and not world.dying and not world.dying_exports:
         yield world
         return
     named = {g.source for g in world.grants.values()}
+    exported = {e.source_key for e in world.exports.values()}
     maybe = [k for k in sorted(named - set(world.sources)) if k in world.others]
-    certain = {k: Source(*k, export_label=None) for k in maybe if world.others[k]}
     uncertain = [k for k in maybe if world.others[k] is None]
     dying = [k for k in sorted(named & set(world.sources)) if k in world.dying]
+    dying_exports = [k for k in sorted(world.dying_exports) if world.exports[k].source_key in named]
+
+    def held(k: Key) -> list[Source]:
+        contents = world.contents.get(k, frozenset()) if k in exported else frozenset()
+        marked = k in world.marked or k not in world.squatters  # a dressed squatter, a copy
+        return [Source(*k, d, t, None, marked=marked) for d, t in sorted(contents)] or [
+            Source(*k, export_label=None, marked=marked)
+        ]
+
     for present in itertools.product((False, True), repeat=len(uncertain)):
-        sources = {**world.sources, **certain}
-        chosen = [k for k, p in zip(uncertain, present, strict=True) if p]
-        sources.update((k, Source(*k, export_label=None)) for k in chosen)
-        for gone in itertools.product((False, True), repeat=len(dying)):
-            deleted = {k for k, g in zip(dying, gone, strict=True) if g}
-            left = {k: v for k, v in sources.items() if k not in deleted}
-            yield replace(world, sources=left, others={}, dying=frozenset())
+        here = {k for k, p in zip(uncertain, present, strict=True) if p}
+        chosen = [k for k in maybe if world.others[k] or k in here]
+        for found in itertools.product(*(held(k) for k in chosen)):
+            sources = {**world.sources, **{s.key: s for s in found}}
+            stand_ins = frozenset(k for k in chosen if k not in world.squatters)
+            for gone in itertools.product((False, True), repeat=len(dying) + len(dying_exports)):
+                fate = dict(
+                    zip(
+                        [("source", k) for k in dying] + [("export", k) for k in dying_exports],
+                        gone,
+                        strict=True,
+                    )
+                )
+                left = {k: v for k, v in sources.items() if not fate.get(("source", k))}
+                exports = {k: e for k, e in world.exports.items() if not fate.get(("export", k))}
+                yield replace(
+                    world,
+                    sources=left,
+                    exports=exports,
+                    others={},
+                    dying=frozenset(),
+                    dying_exports=frozenset(),
+                    contents={},
+                    marked=frozenset(),
+                    stand_ins=stand_ins,
+                )
 
 
 def expected(world: World, place: Key, states: Iterable[State]) -> str:

@@ -41,6 +41,20 @@ FINDINGS = [
     "refused source still blocks a younger one; the policy a copy follows when its grant's "
     "onRevoke changed before the copy recorded it; onSourceDeleted or onRevoke for a copy "
     "whose source is deleted where it is no longer targeted",
+    "ProjectionExports and export-keys joined the model (2026-12-05): DESIGN §2-3 leave three "
+    "more choices open, each accepted either way and named in tests/model/oracle.py: a grant "
+    "without keys where the producer's scope leaves none of the source's keys (a copy holding "
+    "no key, or nothing written); whether an older grant naming a key the producer does not "
+    "export there still holds the place against a younger one; and whether a Secret carrying "
+    "projector's mark (a copy) that an export names is projected on (projector refuses it: "
+    "SourceRefused, 'a copy is never projected on', which DESIGN does not list)",
+    "the oracle was corrected twice by make fuzz after exports joined: a copy standing at a "
+    "key some grant names as its source was taken for a foreign Secret at its own place, so "
+    "its own grant could never remove it (seed 569966150); and the controller may act on its "
+    "grants as they were at one moment and on sources, exports and namespaces as they were at "
+    "another, since watch streams of different kinds are not ordered with each other (seed "
+    "455749577: a grant deleted, then an export created; seen in the other order after a "
+    "reconnection, the grant wrote a copy its Retain then kept)",
 ]
 """What the model-based tests taught besides defects (kept by hand)."""
 

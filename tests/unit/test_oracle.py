@@ -1,7 +1,8 @@
 """The pure core against the independent oracle (tests/model/oracle.py), on every small world.
 
 Each world is built twice: as the oracle's values, and as the raw objects the informers would
-cache (parsed by the product: `parse_grant`, `parse_source`, `parse_namespace`, `parse_copy`).
+cache (parsed by the product: `parse_grant`, `parse_source`, `parse_export`, `parse_namespace`,
+`parse_copy`).
 A small controller loop then plans every grant name (the live grants' and the names orphans
 carry) and applies the plans' writes the way the writer would, until a round writes nothing.
 Two things must hold in every world:
@@ -13,7 +14,10 @@ Two things must hold in every world:
 The worlds are exhaustive over their dimensions (families below): one grant with every admin
 targeting of three namespaces, every producer state, key selection, policy, namespace mode and
 initial state of its places; two grants competing for one place with every consent and
-projection combination; a grant re-created under the same name over its predecessor's copies.
+projection combination; a grant re-created under the same name over its predecessor's copies;
+one grant whose producer consents by the label, by ProjectionExports or both, with every key
+scope (export-keys, an export's keys, their union) against every key selection; two grants
+competing for one place where the producer consents by an export.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from typing import Any
 import pytest
 
 from projector.core.desired import desired_copy
+from projector.core.exports import Export as ProductExport
+from projector.core.exports import parse_export
 from projector.core.grantspec import parse_grant
 from projector.core.model import (
     GRANT_LABEL,
@@ -51,7 +57,17 @@ from projector.core.model import Source as ProductSource
 from projector.core.plans import Action, Snapshot, SourceState
 from projector.core.reconcile import plan
 from tests.model import oracle
-from tests.model.oracle import ABSENT, DELETE, RETAIN, Grant, Key, Namespace, Source, World
+from tests.model.oracle import (
+    ABSENT,
+    DELETE,
+    RETAIN,
+    Export,
+    Grant,
+    Key,
+    Namespace,
+    Source,
+    World,
+)
 from tests.unit.factories import make_grant, make_source, stored_manifest, stored_secret
 
 T0, T1, T2 = "2024-01-01T00:00:00Z", "2024-02-01T00:00:00Z", "2024-03-01T00:00:00Z"
@@ -93,6 +109,8 @@ def raw_grant(g: Grant) -> dict[str, Any]:
 def raw_source(s: Source) -> dict[str, Any]:
     labels = {} if s.export_label is None else {oracle.EXPORT_LABEL: s.export_label}
     notes = {} if s.export_to is None else {"projector.nebari.dev/export-to": s.export_to}
+    if s.export_keys is not None:
+        notes["projector.nebari.dev/export-keys"] = s.export_keys
     meta: dict[str, Any] = {"namespace": s.namespace, "name": s.name, "labels": labels}
     meta |= {"uid": f"uid-{s.namespace}-{s.name}", "annotations": notes}
     return {"metadata": meta, "type": s.type, "data": {k: b64(v) for k, v in s.data}}
@@ -169,10 +187,27 @@ def product_grant(g: Grant) -> ProductGrant:
 
 
 @functools.lru_cache(maxsize=4096)
-def product_source(s: Source) -> ProductSource | None:
-    """The cached source (None: not exported, so never cached)."""
+def product_source(s: Source, exported: bool = False) -> ProductSource | None:
+    """The cached source (None: neither labelled nor named by an export, so never cached; an
+    export's source is held by a watch of its own)."""
     raw = raw_source(s)
-    return parse_source(raw) if is_exported(raw["metadata"]["labels"]) else None
+    return parse_source(raw) if exported or is_exported(raw["metadata"]["labels"]) else None
+
+
+@functools.lru_cache(maxsize=4096)
+def product_export(e: Export) -> ProductExport:
+    spec: dict[str, Any] = {"source": {"name": e.source}, "to": list(e.to)}
+    if e.keys is not None:
+        spec["keys"] = list(e.keys)
+    meta = {"namespace": e.namespace, "name": e.name, "uid": f"uid-{e.namespace}-{e.name}"}
+    return parse_export({"metadata": meta | {"generation": 1}, "spec": spec})
+
+
+def cached_source(world: World, key: Key) -> ProductSource | None:
+    raw = world.sources.get(key)
+    if raw is None:
+        return None
+    return product_source(raw, bool(oracle.exports_of(world, key)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -191,7 +226,7 @@ def snapshot(world: World, places: Places, name: str) -> Snapshot:
         raw = world.sources.get(g.source)
         if raw is None:
             state = SourceState.MISSING
-        elif (source := product_source(raw)) is None:
+        elif (source := cached_source(world, g.source)) is None:
             state = SourceState.NOT_EXPORTED
         else:
             state = SourceState.AVAILABLE
@@ -202,9 +237,16 @@ def snapshot(world: World, places: Places, name: str) -> Snapshot:
     )
     rival_sources = {}
     for r in rivals:
-        raw = world.sources.get((r.source.namespace, r.source.name))
-        if raw is not None and (cached := product_source(raw)) is not None:
+        if (cached := cached_source(world, (r.source.namespace, r.source.name))) is not None:
             rival_sources[r.source] = cached
+    named = {(k.namespace, k.name) for k in (r.source for r in rivals)}
+    if g is not None:
+        named.add(g.source)
+    exports = {
+        ObjectKey(*k): tuple(product_export(e) for e in oracle.exports_of(world, k))
+        for k in named
+        if oracle.exports_of(world, k)
+    }
     namespaces = {n: product_namespace(ns) for n, ns in world.namespaces.items()}
     copies = {ObjectKey(*k): c for k, c in {**places.stored, **places.spoofs}.items()}
     return Snapshot(
@@ -218,6 +260,7 @@ def snapshot(world: World, places: Places, name: str) -> Snapshot:
         rivals=rivals,
         rival_sources=rival_sources,
         protected=world.protected,
+        exports=exports,
     )
 
 
@@ -274,12 +317,13 @@ def run_controller(world: World, places: Places, judge: Judge, rounds: int = 6) 
                     places.stored.pop(place, None)
                     places.states[place] = ABSENT
                 else:
-                    assert p.desired is not None
+                    desired = step.desired or p.desired  # each step its own key scope
+                    assert desired is not None
                     keep = places.stored.get(place) if step.action is Action.UPDATE else None
-                    manifest = p.desired.manifest(place[0], "1" if keep else None, keep=keep)
+                    manifest = desired.manifest(place[0], "1" if keep else None, keep=keep)
                     copy = parse_copy(stored_manifest(manifest))
                     places.stored[place] = copy
-                    places.states[place] = to_oracle(copy, p.desired.data)
+                    places.states[place] = to_oracle(copy, desired.data)
                 after = places.states[place]
                 allowed = judge.reachable(place, before)
                 if after not in allowed:
@@ -522,14 +566,135 @@ def rival_worlds() -> Iterator[Case]:
         yield name, world, init, {}
 
 
+PRODUCER_SAYS: dict[str, Source] = {
+    "unlabelled": Source(*S1, DATA, type=OTHER_TYPE, export_label=None, export_to="*"),
+    "unlabelled-export-keys-k": Source(
+        *S1, DATA, type=OTHER_TYPE, export_label=None, export_to="*", export_keys="k"
+    ),
+    **{
+        f"label-to-{to}-keys-{keys}": Source(
+            *S1, DATA, type=OTHER_TYPE, export_to=to, export_keys=keys
+        )
+        for to in (None, "b", "*")
+        for keys in (None, "k", "", "k,x", "z")
+    },
+}
+"""The source's own say: unlabelled (its export-to and export-keys say nothing), or labelled
+with each export-to and export-keys (absent, one key, blank, both keys, a key it lacks)."""
+
+EXPORT_SETS: dict[str, tuple[Export, ...]] = {
+    "none": (),
+    "to-c": (Export("a", "e0", "s", ("c",)),),
+    "to-all-keys-k": (Export("a", "e0", "s", ("*",), ("k",)),),
+    "to-b-keys-x": (Export("a", "e0", "s", ("b",), ("x",)),),
+    "to-b-keys-empty": (Export("a", "e0", "s", ("b",), ()),),
+    "two": (Export("a", "e0", "s", ("b",), ("k",)), Export("a", "e1", "s", ("b", "c"), ("x",))),
+    "of-another-secret": (Export("a", "e0", "other", ("*",)),),
+    "in-another-namespace": (Export("b", "e0", "s", ("*",)),),
+}
+
+EXPORT_KEY_SELECTIONS: dict[str, tuple[tuple[str, str], ...] | None] = {
+    **KEYS,
+    "x-only": (("x", "x"),),
+}
+
+
+def export_worlds() -> Iterator[Case]:
+    """One grant `g` (source a/s, of a type of its own) listing b and c: every say of the
+    source itself, every set of exports, every key selection, both onRevoke, and what b and c
+    hold at first."""
+    nss = {n: Namespace(n, LABELS[n]) for n in NS}
+    dimensions = itertools.product(
+        PRODUCER_SAYS.items(),
+        EXPORT_SETS.items(),
+        EXPORT_KEY_SELECTIONS.items(),
+        (DELETE, RETAIN),
+        ("absent", "own-current", "own-stale", "orphan-retain"),
+    )
+    for (say, source), (ex_name, exports), (k_name, keys), revoke, kind in dimensions:
+        g = Grant("g", "uid-g", T1, S1, ("b", "c"), None, None, keys, revoke)
+        world = World(
+            namespaces=nss,
+            sources={S1: source},
+            grants={"g": g},
+            exports={e.key: e for e in exports},
+        )
+        init = {(n, "s"): initial_copy(g, kind) for n in ("b", "c")}
+        yield f"{say}/{ex_name}/{k_name}/{revoke}/{kind}", world, init, {}
+
+
+def export_rival_worlds() -> Iterator[Case]:
+    """Two grants for one place name (`c0`), one of them of an unlabelled source that an export
+    lets out (to b and c, or to b only; every key, or `k` only), the other of a labelled one:
+    every way each aims at b and c, which is the older, what each projects, who holds the
+    places first."""
+    listings = [("b",), ("c",), ("b", "c")]
+    exported = {
+        "ok": (None, Export("a", "e0", "s", ("b", "c"))),
+        "key-missing": ((("nope", "nope"),), Export("a", "e0", "s", ("b", "c"))),
+        "key-not-exported": ((("x", "x"),), Export("a", "e0", "s", ("b", "c"), ("k",))),
+        "to-b-only": (None, Export("a", "e0", "s", ("b",))),
+    }
+    for l1, l2, (p1, (keys1, export)), senior, first, revoke in itertools.product(
+        listings,
+        listings,
+        exported.items(),
+        ("by-export", "by-label"),
+        ("absent", "g1", "g2", "squatter"),
+        (DELETE, RETAIN),
+    ):
+        s1 = Source(*S1, DATA, export_label=None)
+        s2 = Source(*S2, (("k", "w1"),), export_to="*")
+        t1, t2 = (T0, T1) if senior == "by-export" else (T1, T0)
+        g1 = Grant("g1", "uid-1", t1, S1, l1, None, "c0", keys1, revoke)
+        g2 = Grant("g2", "uid-2", t2, S2, l2, None, "c0")
+        world = World(
+            namespaces={n: Namespace(n, LABELS[n]) for n in NS},
+            sources={S1: s1, S2: s2},
+            grants={g1.name: g1, g2.name: g2},
+            exports={export.key: export},
+        )
+        init: dict[Key, oracle.State] = {}
+        squatters: set[Key] = set()
+        for n in ("b", "c"):
+            holder = {"g1": g1, "g2": g2}.get(first)
+            if holder is not None:
+                src = world.sources[holder.source]
+                init[(n, "c0")] = oracle.Copy(
+                    holder.uid, holder.name, holder.source, src.data, "Opaque", holder.on_revoke
+                )
+            elif first == "squatter":
+                squatters.add((n, "c0"))
+        world = replace(world, squatters=frozenset(squatters))
+        yield f"{l1}/{l2}/{p1}/senior-{senior}/{first}/{revoke}", world, init, {}
+
+
 FAMILIES = {
     "one grant": one_grant_worlds,
     "deleted grant": deleted_grant_worlds,
     "two grants for one place": rival_worlds,
+    "exports and key scopes": export_worlds,
+    "two grants for one place, one by an export": export_rival_worlds,
 }
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+SENIOR_BY_EXPORT = (
+    "projector defect, reported: reconcile._senior_rival asks `wants` of an older rival "
+    "without the exports of its source, so an older grant the producer lets in by a "
+    "ProjectionExport alone (and that writes nothing: a key missing) does not hold the place "
+    "against a younger one, which writes its copy there (DESIGN §2: the older grant wins)"
+)
+
+
+@pytest.mark.parametrize(
+    "family",
+    [
+        pytest.param(f, marks=pytest.mark.xfail(strict=True, reason=SENIOR_BY_EXPORT))
+        if f == "two grants for one place, one by an export"
+        else f
+        for f in FAMILIES
+    ],
+)
 def test_the_planner_agrees_with_the_oracle_on_every_small_world(family: str) -> None:
     ends: Counter[str] = Counter()
     worlds = 0
@@ -635,3 +800,93 @@ def test_seed_194_a_copy_landing_at_a_deleted_sources_key_revokes_that_sources_c
     assert reached[("n1", "s1")] == {ABSENT, ours}
     assert reached[("n2", "s1")] == {retained, ABSENT, ours}
     assert worlds[0].others == {("n1", "s1"): None, ("n2", "s1"): None}
+
+
+def test_the_oracle_reads_the_design_right_on_export_rows() -> None:
+    """DESIGN §2-3's ProjectionExport and key-scope rows, where nobody could doubt them."""
+    nss = {n: Namespace(n) for n in ("p", "q", "r")}
+    src = Source("p", "s", (("k", "v"), ("x", "w")), type=OTHER_TYPE, export_label=None)
+    g = Grant("g", "u1", T0, ("p", "s"), ("q", "r"))
+    export = Export("p", "e", "s", ("q",))
+    w = World(namespaces=nss, sources={src.key: src}, grants={"g": g}, exports={export.key: export})
+    copy = oracle.Copy("u1", "g", ("p", "s"), src.data, OTHER_TYPE)
+    # an unlabelled source an export names and lets into q: projected there, exactly as with
+    # the label (its own type: every key); not in r (Denied), whatever its export-to says
+    assert oracle.settle(w, ("q", "s"), {ABSENT}) == {copy}
+    assert oracle.settle(w, ("r", "s"), {ABSENT}) == {ABSENT}
+    exported_to_all = replace(w, sources={src.key: replace(src, export_to="*")})
+    assert oracle.settle(exported_to_all, ("r", "s"), {ABSENT}) == {ABSENT}
+    # an export of another Secret, or in another namespace, consents to nothing here
+    elsewhere = Export("q", "e", "s", ("*",))
+    for other in (replace(export, source="t"), elsewhere):
+        assert oracle.settle(replace(w, exports={other.key: other}), ("q", "s"), {ABSENT}) == {
+            ABSENT
+        }
+    # the export narrowed, or deleted: onRevoke (Delete by default; Retain keeps the copy)
+    narrowed = replace(w, exports={export.key: replace(export, to=("r",))})
+    assert oracle.settle(narrowed, ("q", "s"), {copy}) == {ABSENT}
+    retain = replace(w, exports={}, grants={"g": replace(g, on_revoke=RETAIN)})
+    kept = replace(copy, on_revoke=RETAIN)
+    assert oracle.settle(retain, ("q", "s"), {kept}) == {kept}
+    # an export's keys: copies hold only those (Opaque: not every key)
+    scoped = replace(w, exports={export.key: replace(export, keys=("k",))})
+    only_k = replace(copy, data=(("k", "v"),), type="Opaque")
+    assert oracle.settle(scoped, ("q", "s"), {copy}) == {only_k}
+    # a grant naming a key outside the scope: nothing there, what it held follows onRevoke,
+    # even if the source lacks that key too (a hard boundary)
+    for key in ("x", "nope"):
+        naming = replace(scoped, grants={"g": replace(g, keys=((key, key),))})
+        assert oracle.settle(naming, ("q", "s"), {ABSENT}) == {ABSENT}
+        assert oracle.settle(naming, ("q", "s"), {only_k}) == {ABSENT}
+    # a labelled source's export-keys scopes the label path alike; the consents' scopes unite
+    labelled = replace(src, export_label="true", export_to="q,r", export_keys="k")
+    by_label = replace(w, sources={src.key: labelled}, exports={})
+    assert oracle.settle(by_label, ("r", "s"), {ABSENT}) == {only_k}
+    both = replace(by_label, exports={export.key: replace(export, keys=("x",))})
+    assert oracle.settle(both, ("q", "s"), {ABSENT}) == {copy}  # k by the label, x by the export
+    assert oracle.settle(both, ("r", "s"), {ABSENT}) == {only_k}
+    # export-keys absent: every key; blank: none (a grant without keys: ambiguous, below)
+    every = replace(by_label, sources={src.key: replace(labelled, export_keys=None)})
+    assert oracle.settle(every, ("r", "s"), {ABSENT}) == {copy}
+    blank = replace(by_label, sources={src.key: replace(labelled, export_keys="")})
+    notes: set[str] = set()
+    empty = replace(copy, data=(), type="Opaque")
+    assert oracle.settle(blank, ("r", "s"), {ABSENT}, notes) == {ABSENT, empty}
+    assert notes == {oracle.AMBIGUOUS_EMPTY_SCOPE}
+
+
+def test_a_secret_an_export_names_is_a_source_whatever_stands_there() -> None:
+    """An export names p/s, where no source but a squatter (or another grant's copy) stands:
+    "an unlabelled source an export names is projected like a labelled one", with what it
+    holds (`World.contents`); where a copy only may stand, also as a deleted source."""
+    nss = {n: Namespace(n) for n in ("p", "q")}
+    g = Grant("g", "u1", T0, ("p", "s"), ("q",), on_source_deleted=DELETE)
+    export = Export("p", "e", "s", ("*",))
+    held = frozenset({((("k", "theirs"),), "Opaque")})
+    w = World(
+        namespaces=nss,
+        grants={"g": g},
+        squatters=frozenset({("p", "s")}),
+        others={("p", "s"): True},
+        contents={("p", "s"): held},
+        exports={export.key: export},
+    )
+    copy = oracle.Copy("u1", "g", ("p", "s"), (("k", "theirs"),), "Opaque", DELETE, DELETE)
+    assert oracle.settle(w, ("q", "s"), {ABSENT}) == {copy}
+    # without the export it is only a Secret without the label: nothing
+    assert oracle.settle(replace(w, exports={}), ("q", "s"), {ABSENT}) == {ABSENT}
+    # a Secret carrying projector's mark (dressed, or a copy that may stand there): projected
+    # on, or refused as a source (AMBIGUOUS_COPY_AS_SOURCE)
+    notes: set[str] = set()
+    dressed = replace(w, marked=frozenset({("p", "s")}))
+    assert oracle.settle(dressed, ("q", "s"), {ABSENT}, notes) == {ABSENT, copy}
+    assert oracle.settle(dressed, ("q", "s"), {copy}) == {ABSENT, copy}
+    assert notes == {oracle.AMBIGUOUS_COPY_AS_SOURCE}
+    maybe = replace(w, squatters=frozenset(), others={("p", "s"): None})
+    assert oracle.settle(maybe, ("q", "s"), {ABSENT}) == {ABSENT, copy}
+    # the copy standing at p/s is its own place's state, not a foreign object there: its
+    # grant may still take it away
+    h = Grant("h", "u2", T0, ("q", "x"), ("p",), target_name="s", on_source_deleted=DELETE)
+    standing = oracle.Copy("u2", "h", ("q", "x"), (("k", "theirs"),), "Opaque", DELETE, DELETE)
+    owned = replace(w, squatters=frozenset(), grants={"g": g, "h": h})
+    assert oracle.settle(owned, ("p", "s"), {standing}) == {ABSENT}
