@@ -65,9 +65,13 @@ def sampled(pid: int, out: Path) -> Iterator[None]:
 
 
 def component(path: str) -> str:
-    """The component a source file belongs to: `projector/<module>`, a library, or other."""
-    if (m := re.search(r"(projector/\w+)\.py$", path)) is not None:
-        return m[1]
+    """The component a source file belongs to: `projector/<module>`, a library, or other.
+
+    A module is named without its room (`projector/control/writer.py` is `projector/writer`):
+    module names are unique across the package.
+    """
+    if (m := re.search(r"projector/(?:\w+/)?(\w+)\.py$", path)) is not None:
+        return f"projector/{m[1]}"
     for name, parts in _COMPONENTS:
         if any(p in path for p in parts):
             return name

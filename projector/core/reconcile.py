@@ -219,9 +219,9 @@ def _senior_rival(snap: Snapshot, grant: Grant, ns: Namespace) -> Grant | None:
     for rival in snap.rivals:
         if rival.seniority >= grant.seniority or rival.deleting:
             continue
-        if wants(rival, snap.rival_sources.get(rival.source), ns) and (
-            best is None or rival.seniority < best.seniority
-        ):
+        if wants(
+            rival, snap.rival_sources.get(rival.source), ns, snap.exports_of(rival.source)
+        ) and (best is None or rival.seniority < best.seniority):
             best = rival
     return best
 

@@ -80,6 +80,8 @@ def test_template_default_values_is_restricted_and_highly_available(helm_bin: Pa
             "ClusterRole",
             "ClusterRole",
             "ClusterRole",  # projector-metrics-reader
+            "ClusterRole",  # projector-exports-edit, aggregated into admin and edit
+            "ClusterRole",  # projector-exports-view, aggregated into view
             "ClusterRoleBinding",
             "Deployment",
             "NetworkPolicy",
@@ -815,7 +817,7 @@ def test_deleting_the_controller_application_as_argo_cd_would_leaves_crd_grants_
         res = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
         with contextlib.suppress(client.ApiException):
             res.delete(name=doc["metadata"]["name"], namespace=doc["metadata"].get("namespace"))
-    assert kept == ["CustomResourceDefinition"]
+    assert kept == ["CustomResourceDefinition", "CustomResourceDefinition"]  # grants, exports
     eventually(lambda: released_objects(fresh_api) == [], message="the app's objects deleted")
     assert ext.read_custom_resource_definition(CRD_NAME)
     assert k8s.get_grant(grant)["metadata"]["name"] == grant

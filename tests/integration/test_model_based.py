@@ -258,32 +258,22 @@ REGRESSIONS: dict[str, list[Op]] = {
         ),
         Converge(),
     ],
+    # Found by the model (seed 38): an older grant the producer lets into n0 by a
+    # ProjectionExport alone, writing nothing there (a key missing), holds its place: the
+    # younger g2 of the same source writes no copy at n0/c0 (DESIGN §2, the older grant wins).
+    # projector's _senior_rival asked `wants` of the rival without its source's exports.
+    "an-older-grant-let-in-by-an-export-holds-its-place": [
+        SourceCreate(ns="n1", name="s1", data=(("k", "v1"),), label=None, export_to=None),
+        ExportCreate(ns="n1", name="e0", source="s1", to=("n0",)),
+        GrantCreate(
+            grant="g0", source=("n1", "s1"), namespaces=("n0",), target="c0", keys=(("x", "x"),)
+        ),
+        Converge(),
+        GrantCreate(grant="g2", source=("n1", "s1"), namespaces=("n0",), target="c0"),
+        Converge(),
+    ],
 }
 
-PENDING: dict[str, tuple[str, list[Op]]] = {
-    # Found by the seed search for this file (seed 38, 25 operations; the unit tier's family
-    # "two grants for one place, one by an export" shows it on the pure core): g0, the older
-    # grant, is let into n0 by a ProjectionExport alone and writes nothing there (a key
-    # missing); the younger g2 of the same source writes its copy at n0/c0 anyway, where DESIGN
-    # §2 says the older grant wins. projector's reconcile._senior_rival asks `wants` of the
-    # older rival without its source's exports. Kept here, expected to fail, until projector is
-    # fixed; then it moves to REGRESSIONS.
-    "an-older-grant-let-in-by-an-export-holds-its-place": (
-        "projector defect (reported): an older grant consented by an export alone does not "
-        "hold its place against a younger one",
-        [
-            SourceCreate(ns="n1", name="s1", data=(("k", "v1"),), label=None, export_to=None),
-            ExportCreate(ns="n1", name="e0", source="s1", to=("n0",)),
-            GrantCreate(
-                grant="g0", source=("n1", "s1"), namespaces=("n0",), target="c0", keys=(("x", "x"),)
-            ),
-            Converge(),
-            GrantCreate(grant="g2", source=("n1", "s1"), namespaces=("n0",), target="c0"),
-            Converge(),
-        ],
-    ),
-}
-"""Sequences that show a projector defect not fixed yet: each must still fail (strict)."""
 
 # Names the generated operations use: `render` prints them, so a pasted case needs them all.
 __all__ = [
@@ -395,20 +385,6 @@ def test_regression(model_env: Environment, name: str) -> None:
     except Violation as v:
         raise AssertionError(failure_report(None, v)) from None
     assert not stats.refused, f"an operation of the case did not apply: {stats.refused}"
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(name, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=why))
-        for name, (why, _) in PENDING.items()
-    ],
-)
-def test_pending_defect(model_env: Environment, name: str) -> None:
-    try:
-        one_run(model_env, Stats(), ops=PENDING[name][1])
-    except Violation as v:
-        raise AssertionError(failure_report(None, v)) from None
 
 
 def failure_report(seed: int | None, v: Violation, shrunk: Sequence[Op] = ()) -> str:

@@ -678,22 +678,9 @@ FAMILIES = {
 }
 
 
-SENIOR_BY_EXPORT = (
-    "projector defect, reported: reconcile._senior_rival asks `wants` of an older rival "
-    "without the exports of its source, so an older grant the producer lets in by a "
-    "ProjectionExport alone (and that writes nothing: a key missing) does not hold the place "
-    "against a younger one, which writes its copy there (DESIGN §2: the older grant wins)"
-)
-
-
 @pytest.mark.parametrize(
     "family",
-    [
-        pytest.param(f, marks=pytest.mark.xfail(strict=True, reason=SENIOR_BY_EXPORT))
-        if f == "two grants for one place, one by an export"
-        else f
-        for f in FAMILIES
-    ],
+    [f for f in FAMILIES],
 )
 def test_the_planner_agrees_with_the_oracle_on_every_small_world(family: str) -> None:
     ends: Counter[str] = Counter()
