@@ -16,7 +16,7 @@ from projector.cache.store import Store
 from projector.control.recorder import timestamp
 from projector.control.writer import Writer
 from projector.core.plans import Outcome, Plan, Reason
-from projector.core.status import copies_let_in, export_status, stamped, unchanged
+from projector.core.status import copies_by_export, export_status, stamped, unchanged
 
 ExportKey = tuple[str, str]
 """(namespace, name) of a ProjectionExport."""
@@ -41,9 +41,10 @@ class ExportStatuses:
             return
         projected = [o.namespace for o in outcomes if o.reason is Reason.PROJECTED]
         grants = self._store.grants_of(grant.source)
+        let_in = copies_by_export(snap.source, exports, projected)
         for e in exports:
             per = self._copies.setdefault((e.namespace, e.name), {})
-            per[grant.name] = copies_let_in(e, snap.source, exports, projected)
+            per[grant.name] = let_in[str(e)]
             for gone in [g for g in per if g not in grants]:
                 del per[gone]
             status = export_status(e, plan.source_state, grants, sum(per.values()))

@@ -12,7 +12,7 @@ the export-to annotation: past `MAX_EXPORT_TO_ENTRIES` entries or `MAX_EXPORT_TO
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -123,15 +123,24 @@ class Consented:
 LABEL = "label"
 
 
-def consented(source: Source | None, exports: Iterable[Export], namespace: str) -> Consented | None:
+def consented(source: Source | None, exports: Sequence[Export], namespace: str) -> Consented | None:
     """The one rule of the producer's say: who consents to a copy in `namespace`, to which keys.
 
     The label path and every export whose `to` matches; the keys are the union of what each
-    consenting path lets leave. None: nobody consents.
+    consenting path lets leave. None: nobody consents. Asked once per namespace of every plan:
+    the label path alone (no export) allocates nothing when every key may leave.
     """
+    by_label = source is not None and source.exports_to(namespace)
+    if not exports:
+        if not by_label:
+            return None
+        assert source is not None
+        keys = source.export_keys
+        return _BY_LABEL if keys is None else Consented(keys, (LABEL,))
     via: list[str] = []
     scopes: list[frozenset[str] | None] = []
-    if source is not None and source.exports_to(namespace):
+    if by_label:
+        assert source is not None
         via.append(LABEL)
         scopes.append(source.export_keys)
     for e in exports:
@@ -143,3 +152,6 @@ def consented(source: Source | None, exports: Iterable[Export], namespace: str) 
     if any(s is None for s in scopes):
         return Consented(None, tuple(via))
     return Consented(frozenset().union(*(s for s in scopes if s is not None)), tuple(via))
+
+
+_BY_LABEL = Consented(None, (LABEL,))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 
-from projector.core.exports import Export, consented
+from projector.core.exports import Consented, Export, consented
 from projector.core.model import (
     GRANT_LABEL,
     ON_REVOKE_ANNOTATION,
@@ -136,15 +136,30 @@ def consent(
     `source` is the grant's source as cached: a labelled one, or one an export names; None
     means the producer has not opted in.
     """
+    return consent_scope(grant, source, namespace, labels, exports)[0]
+
+
+def consent_scope(
+    grant: Grant,
+    source: Source | None,
+    namespace: str,
+    labels: Mapping[str, str],
+    exports: Sequence[Export] = (),
+) -> tuple[Consent, Consented | None]:
+    """`consent`, and the producer's say where it is GRANTED (its keys, who said so).
+
+    The planner reads both from one evaluation per namespace.
+    """
     if namespace == grant.source.namespace:
-        return Consent.SOURCE_NAMESPACE
+        return Consent.SOURCE_NAMESPACE, None
     if not grant.targets(namespace, labels):
-        return Consent.NOT_TARGETED
+        return Consent.NOT_TARGETED, None
     if source is None or (not source.labelled and not exports):
-        return Consent.NOT_EXPORTED
-    if consented(source, exports, namespace) is None:
-        return Consent.EXPORT_TO_MISMATCH
-    return Consent.GRANTED
+        return Consent.NOT_EXPORTED, None
+    said = consented(source, exports, namespace)
+    if said is None:
+        return Consent.EXPORT_TO_MISMATCH, None
+    return Consent.GRANTED, said
 
 
 def wants(

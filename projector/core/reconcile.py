@@ -20,9 +20,16 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from projector.core.desired import Desired, desired_copy, unexported_key
-from projector.core.exports import consented
 from projector.core.model import Copy, Grant, HashKey, Namespace, ObjectKey, Source
-from projector.core.ownership import Claim, Consent, claim, consent, may_write, policy, wants
+from projector.core.ownership import (
+    Claim,
+    Consent,
+    claim,
+    consent_scope,
+    may_write,
+    policy,
+    wants,
+)
 from projector.core.plans import (
     ORPHAN_DELETED,
     ORPHAN_MESSAGE,
@@ -155,7 +162,7 @@ def decide(
     ns = snap.namespaces.get(name)
     exports = snap.exports_of(grant.source)
     labels = ns.labels if ns is not None else _NO_LABELS
-    verdict = consent(grant, got.source, name, labels, exports)
+    verdict, said = consent_scope(grant, got.source, name, labels, exports)
     target = grant.target_name
     # "source namespace == target namespace with the same name": refused; condition, no write.
     # A copy the grant holds there (its source moved into that namespace) is no longer wanted:
@@ -198,8 +205,7 @@ def decide(
     if verdict is not Consent.GRANTED:
         return _withdraw(snap, name, target, mine, Reason.DENIED)
     # the producer's key scope here: the keys its consenting label or exports let leave
-    scope = consented(got.source, exports, name)
-    got = got.scoped(scope.keys if scope is not None else None)
+    got = got.scoped(said.keys if said is not None else None)
     # "export-keys scopes keys": a grant naming another key writes nothing there, the key named;
     # what it held there follows onRevoke, as when the producer withdraws
     if got.refused_key:

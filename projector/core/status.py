@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from projector.core.exports import Export, consented
+from projector.core.exports import LABEL, Export, consented
 from projector.core.model import GrantRecord, Source
 from projector.core.plans import (
     FAILURE_REASONS,
@@ -356,14 +356,16 @@ def export_status(
     }
 
 
-def copies_let_in(
-    export: Export, source: Source | None, exports: Sequence[Export], projected: Iterable[str]
-) -> int:
-    """How many of the `projected` namespaces this export's consent lets the copy into."""
-    peers = exports
-    label = f"export {export}"
-    return sum(
-        1
-        for ns in projected
-        if (got := consented(source, peers, ns)) is not None and label in got.via
-    )
+def copies_by_export(
+    source: Source | None, exports: Sequence[Export], projected: Iterable[str]
+) -> Counter[str]:
+    """How many of the `projected` namespaces each export (`namespace/name`) lets the copy into.
+
+    One consent per namespace, whatever the number of exports: a tenant's thousand exports of
+    one source cost a pass over the namespaces, not a thousand.
+    """
+    counts: Counter[str] = Counter()
+    for ns in projected:
+        if (got := consented(source, exports, ns)) is not None:
+            counts.update(v.removeprefix("export ") for v in got.via if v != LABEL)
+    return counts

@@ -9,7 +9,7 @@ import pytest
 from projector.core.exports import LABEL, MAX_EXPORT_KEYS, consented, parse_export
 from projector.core.model import ObjectKey, SourceKind
 from projector.core.plans import SourceState
-from projector.core.status import copies_let_in, export_status
+from projector.core.status import copies_by_export, export_status
 from tests.unit.factories import make_export, make_source
 
 
@@ -81,7 +81,7 @@ def test_an_exports_status_counts_only_the_copies_it_lets_in() -> None:
     source = make_source(export_to="a")  # the label lets a in
     mine = make_export(("b", "c"), name="mine")
     other = make_export(("c", "d"), name="other")
-    assert copies_let_in(mine, source, (mine, other), ["a", "b", "c", "d"]) == 2
+    assert copies_by_export(source, (mine, other), ["a", "b", "c", "d"])[str(mine)] == 2
     status = export_status(mine, SourceState.AVAILABLE, ["g2", "g1"], 2)
     assert status["grants"] == ["g1", "g2"] and status["copies"] == 2
     assert status["conditions"][0]["status"] == "True"
