@@ -168,10 +168,10 @@ EXPORT_SPEC: Spec[tuple[str, str], Export] = Spec(Kind.EXPORT, EXPORTS, parse_ex
 """Every ProjectionExport (small objects a tenant writes, each bounded by `parse_export`)."""
 
 
-def _namespaced(
-    kind: Kind, of: SourceKind, parse: Callable[..., T], selector: str
+def namespaced(
+    kind: StrEnum, of: SourceKind, parse: Callable[..., T], selector: str | None
 ) -> Spec[ObjectKey, T]:
-    """Secrets or ConfigMaps (`of`) of one label, by kind, namespace and name.
+    """Secrets or ConfigMaps (`of`) of one label (None: any), by kind, namespace and name.
 
     Listed `SECRET_PAGE` at a time: a ConfigMap, too, may hold 1 MiB.
     """
@@ -187,14 +187,14 @@ def _namespaced(
 
 EXPORTED = f"{EXPORT_LABEL}={EXPORT_VALUE}"
 MANAGED = f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"
-SOURCE_SPEC = _namespaced(Kind.SOURCE, SourceKind.SECRET, parse_source, EXPORTED)
+SOURCE_SPEC = namespaced(Kind.SOURCE, SourceKind.SECRET, parse_source, EXPORTED)
 """Only contract Secrets: the other Secrets of the cluster are never transferred or cached."""
 NAMESPACE_SPEC: Spec[str, Namespace] = Spec(Kind.NAMESPACE, NAMESPACES, parse_namespace, _name_key)
-COPY_SPEC = _namespaced(Kind.COPY, SourceKind.SECRET, parse_copy, MANAGED)
+COPY_SPEC = namespaced(Kind.COPY, SourceKind.SECRET, parse_copy, MANAGED)
 """Copies are read whole (their data is hashed) but cached as metadata and that hash."""
-CONFIG_SOURCE_SPEC = _namespaced(Kind.CONFIG_SOURCE, SourceKind.CONFIG_MAP, parse_source, EXPORTED)
+CONFIG_SOURCE_SPEC = namespaced(Kind.CONFIG_SOURCE, SourceKind.CONFIG_MAP, parse_source, EXPORTED)
 """Only contract ConfigMaps, as for Secrets: the cluster's other ConfigMaps cost nothing."""
-CONFIG_COPY_SPEC = _namespaced(Kind.CONFIG_COPY, SourceKind.CONFIG_MAP, parse_copy, MANAGED)
+CONFIG_COPY_SPEC = namespaced(Kind.CONFIG_COPY, SourceKind.CONFIG_MAP, parse_copy, MANAGED)
 """Projected ConfigMaps: like Secret copies, cached as metadata and the hash of their data."""
 
 

@@ -18,19 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import functools
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
 import structlog
 
-from projector.cache.caches import Cache, Spec
+from projector.cache.caches import Cache, namespaced
 from projector.cache.informer import Informer
-from projector.client.api import Api, Request
-from projector.core.kinds import BY_KIND, Obj
-from projector.core.model import ObjectKey, Source, SourceKind, parse_source
+from projector.client.api import Api
+from projector.client.narrow import OneName
+from projector.core.model import ObjectKey, Source, parse_source
 
 log = structlog.get_logger("projector.store")
 
@@ -39,35 +37,6 @@ class Watched(StrEnum):
     """What an export's source watch follows, as informers' logs name it."""
 
     SOURCE = "exported-source"
-
-
-def _key(obj: Obj, kind: SourceKind) -> ObjectKey:
-    meta = obj["metadata"]
-    return ObjectKey(meta["namespace"], meta["name"], kind)
-
-
-class _OneObject(Api):
-    """The API as one source's watch sees it: lists and watches of that one object only."""
-
-    def __init__(self, api: Api, key: ObjectKey) -> None:
-        self._api = api
-        self._namespace = key.namespace
-        self._selector = ("fieldSelector", f"metadata.name={key.name}")
-
-    def _narrowed(self, req: Request) -> Request:
-        if req.verb not in ("LIST", "WATCH"):
-            raise ValueError(f"an exported source's watch only lists and watches, not {req.verb}")
-        return dataclasses.replace(
-            req, namespace=self._namespace, query=(*req.query, self._selector)
-        )
-
-    async def send(self, req: Request) -> Obj:
-        """A list page of the one object."""
-        return await self._api.send(self._narrowed(req))
-
-    def stream(self, req: Request, read_deadline: float) -> AsyncGenerator[tuple[str, Obj], None]:
-        """A watch of the one object."""
-        return self._api.stream(self._narrowed(req), read_deadline)
 
 
 @dataclass(eq=False)
@@ -142,13 +111,10 @@ class ExportedSources:
                 self._open(key)
 
     def _open(self, key: ObjectKey) -> None:
-        parse = functools.partial(parse_source, kind=key.kind)
-        spec: Spec[ObjectKey, Source] = Spec(
-            Watched.SOURCE, BY_KIND[key.kind], parse, functools.partial(_key, kind=key.kind), page=1
-        )
+        spec = namespaced(Watched.SOURCE, key.kind, parse_source, None)  # one object: one page
         watch = _Watch(Cache(spec, self._on_change))
         informer: Informer[ObjectKey, Source] = Informer(
-            _OneObject(self._api, key),
+            OneName(self._api, key.name, namespace=key.namespace),
             watch.cache,
             timeout_seconds=self._timeout_seconds,
             read_deadline=self._read_deadline,

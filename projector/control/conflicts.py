@@ -37,7 +37,7 @@ import contextlib
 import dataclasses
 import functools
 from collections import defaultdict
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -45,7 +45,8 @@ import structlog
 
 from projector.cache.caches import Cache, Spec
 from projector.cache.informer import Informer
-from projector.client.api import Api, Request
+from projector.client.api import Api
+from projector.client.narrow import OneName
 from projector.control.delays import Backoff
 from projector.core.kinds import BY_KIND, Obj
 from projector.core.model import MANAGED_BY_LABEL, MANAGED_BY_VALUE, Copy, SourceKind, parse_copy
@@ -76,10 +77,6 @@ Place = tuple[SourceKind, str]
 
 UNMANAGED = f"{MANAGED_BY_LABEL}!={MANAGED_BY_VALUE}"
 """Objects without projector's managed-by label: the copies informer caches the others."""
-WATCH_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
-LIST_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
-"""Metadata only, and no plain-JSON fallback: a server that could not strip the data answers
-406 (the watch fails and its grants recheck) rather than send a foreign object's data."""
 
 
 class Watched(StrEnum):
@@ -136,32 +133,6 @@ def foreseen(plan: Plan, present: Callable[[str], Copy | None]) -> Plan:
 
 def _namespace(obj: Obj) -> str:
     return str(obj["metadata"]["namespace"])
-
-
-class _OneName(Api):
-    """The API as a conflict watch sees it: objects of one name only, their metadata only.
-
-    The informer's lists and watches, narrowed by a field selector and asked as
-    PartialObjectMetadata; carried by the controller's own `Api` (its rate limit, its metrics).
-    """
-
-    def __init__(self, api: Api, name: str) -> None:
-        self._api = api
-        self._selector = ("fieldSelector", f"metadata.name={name}")
-
-    def _narrowed(self, req: Request) -> Request:
-        if req.verb not in ("LIST", "WATCH"):
-            raise ValueError(f"a conflict watch only lists and watches, not {req.verb}")
-        accept = LIST_METADATA if req.verb == "LIST" else WATCH_METADATA
-        return dataclasses.replace(req, query=(*req.query, self._selector), accept=accept)
-
-    async def send(self, req: Request) -> Obj:
-        """A list page of one name's objects, as metadata."""
-        return await self._api.send(self._narrowed(req))
-
-    def stream(self, req: Request, read_deadline: float) -> AsyncGenerator[tuple[str, Obj], None]:
-        """A watch of one name's objects, as metadata."""
-        return self._api.stream(self._narrowed(req), read_deadline)
 
 
 @dataclass(eq=False)
@@ -323,7 +294,7 @@ class ConflictWatches:
         spec: Spec[str, Copy] = Spec(_WATCHED[kind], BY_KIND[kind], parse, _namespace, UNMANAGED)
         watch = _Watch(Cache(spec, lambda old, new: self._gone(place, old, new)))
         informer: Informer[str, Copy] = Informer(
-            _OneName(self._api, name),
+            OneName(self._api, name, metadata_only=True),
             watch.cache,
             timeout_seconds=self._timeout_seconds,
             read_deadline=self._read_deadline,

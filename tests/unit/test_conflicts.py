@@ -12,13 +12,8 @@ import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 
 from projector.client.api import Api, Request
-from projector.control.conflicts import (
-    LIST_METADATA,
-    WATCH_METADATA,
-    ConflictWatches,
-    blocked,
-    foreseen,
-)
+from projector.client.narrow import LIST_METADATA, WATCH_METADATA
+from projector.control.conflicts import ConflictWatches, blocked, foreseen
 from projector.core.kinds import CONFIGMAPS, SECRETS, Obj
 from projector.core.model import SourceKind, parse_copy
 from projector.core.names import FIELD_MANAGER
