@@ -10,7 +10,7 @@ PY := .venv/bin/python
 export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := python3.11
 
-.PHONY: help install binaries helm prometheus otelcol manifests docs image generate observability-docs traces-docs reliability-docs test fuzz compat unit integration harness lint fmt demo bench bench-quick clean \
+.PHONY: help install binaries helm registry release registry-up registry-down prometheus otelcol manifests docs image generate observability-docs traces-docs reliability-docs test fuzz compat unit integration harness lint fmt demo bench bench-quick clean \
   cluster-up cluster-down kind-up kind-down node-packages node-binaries node-up node-down
 
 help: ## list the commands
@@ -70,6 +70,21 @@ image: install ## build the controller image (Docker/Podman if running, else bui
 prometheus: ## build (or reuse) prometheus and promtool from their Go module
 	tests/bed/prometheus/build.sh >/dev/null
 
+registry: ## build (or reuse) the test bed's OCI registry from its Go module (tests/bed/registry)
+	tests/bed/registry/build.sh >/dev/null
+
+# make release: the image (buildah, as make image), its SBOM and the chart, pinned by digest, pushed
+# to REGISTRY (host[:port] of an OCI registry; default: the one `make registry-up` runs).
+REGISTRY ?=
+release: install helm registry node-packages ## build and push the image, its SBOM and the chart (version from pyproject.toml, notes from CHANGELOG.md) to REGISTRY
+	$(PY) -m tests.bed.release $(if $(REGISTRY),--registry $(REGISTRY))
+
+registry-up: install registry ## start (or reuse) a local OCI registry on loopback; .local/registry.env
+	$(PY) -m tests.bed.registry up
+
+registry-down: install ## stop the local OCI registry (what it held goes with it)
+	$(PY) -m tests.bed.registry down
+
 otelcol: ## build (or reuse) the OpenTelemetry Collector the tracing tests export to (tests/bed/otel/build.sh)
 	tests/bed/otel/build.sh >/dev/null
 
@@ -91,7 +106,7 @@ reliability-docs: install binaries ## rerun every fault test (-m fault, the minu
 # runs after, alone: a machine runs one node at a time (xdist_group did not hold the node tests
 # to one worker here: pytest-xdist 3.8 on pytest 9.2 split them twice).
 TEST_WORKERS ?= 2
-test: install binaries helm prometheus otelcol node-binaries lint docs ## everything: lint, docs, unit, integration and node tests (real API server, real node, real collector)
+test: install binaries helm registry prometheus otelcol node-binaries lint docs ## everything: lint, docs, unit, integration and node tests (real API server, real node, real collector)
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "not node and not serial"
 	$(PY) -m pytest -m "node or serial"
 
@@ -159,6 +174,7 @@ bench-quick: install binaries .local/prod-venv/.synced ## the same benchmarks at
 
 clean: ## remove local state (the binary cache outside the repo is kept)
 	-$(PY) -m tests.bed.node down
+	-$(PY) -m tests.bed.registry down
 	-$(PY) -m tests.bed.controlplane down
 	rm -rf .local/cluster .local/kubeconfig .local/node .local/node.env .local/images
 

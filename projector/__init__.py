@@ -1,8 +1,10 @@
 """projector: mirror contract Secrets across namespaces, only where admin and producer agree."""
 
 import sys
+from importlib.metadata import version
 
-__version__ = "0.1.0"
+__version__ = version("projector")
+"""The installed distribution's version: pyproject.toml is its one place."""
 
 
 _FANCY_TRACEBACKS = ("rich", "better_exceptions")

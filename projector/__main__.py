@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-USAGE = """usage: projector run [flags]                  the controller (projector run --help)
+USAGE = """usage: projector --version
+       projector run [flags]                  the controller (projector run --help)
        projector validate PATH...              check grant manifests offline
        projector explain GRANT [-n NS] [-o json]  why a grant's copies are where they are
        projector explain --secret NS/NAME      which grants project a Secret, and where"""
@@ -17,6 +18,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if args else 2
+    if args[0] == "--version":
+        from projector import __version__
+
+        print(f"projector {__version__}")
+        return 0
     if args[0] in ("validate", "explain"):
         from projector import cli
 

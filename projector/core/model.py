@@ -58,7 +58,6 @@ ON_SOURCE_DELETED_ANNOTATION = f"{PREFIX}on-source-deleted"
 GRANT_METADATA_ANNOTATION = f"{PREFIX}grant-metadata"
 """Which labels/annotations of a copy came from the grant's target, so that keys an admin later
 removes from the grant are removed from the copies too, while keys other tools add are kept."""
-EXPORT_KEYS_ANNOTATION = f"{PREFIX}export-keys"
 MAX_EXPORT_TO_ENTRIES = 256
 """More entries than this in an export-to annotation, and it is ignored as a whole (nobody):
 a tenant writes it, and every event of its Secret parses it (DESIGN §3, hostile input)."""

@@ -23,6 +23,7 @@ import pytest
 import yaml
 from kubernetes import client, dynamic
 
+import projector
 from tests.bed.controlplane.plane import CONTROLLER_MANAGER, ControlPlane
 from tests.bed.helm import chart
 from tests.bed.kube import api_client, eventually, request_token, write_token_kubeconfig
@@ -113,7 +114,7 @@ def test_template_default_values_is_restricted_and_highly_available(helm_bin: Pa
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
     assert "--leader-elect" in c["args"] and f"--namespace={NAMESPACE}" in c["args"]
-    assert c["image"].endswith(":0.1.0")
+    assert c["image"].endswith(f":{projector.__version__}")
     assert docs[("PodDisruptionBudget", "projector")]["spec"]["maxUnavailable"] == 1
     # Least privilege: Events only in `default`, the Lease only by name.
     events = docs[("Role", "projector-events")]

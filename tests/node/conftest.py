@@ -14,15 +14,10 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from tests.bed.controlplane.plane import ControlPlane
+from tests.bed.controlplane.plane import REPO_ROOT, ControlPlane
 from tests.bed.helm import chart
 from tests.bed.kube import api_client
-from tests.bed.node.images import (
-    BuiltImage,
-    build_projector_image,
-    import_archive,
-    import_busybox_image,
-)
+from tests.bed.node.images import import_busybox_image
 from tests.bed.node.node import (
     HostSnapshot,
     Node,
@@ -30,6 +25,8 @@ from tests.bed.node.node import (
     missing_prerequisites,
     running_node,
 )
+from tests.bed.registry import Registry, containerd_hosts
+from tests.bed.release import Published, checkout, previous, publish
 from tests.node.consumers import Consumers
 from tests.node.release import Release
 from tests.support import Cluster, NamespaceFactory
@@ -94,25 +91,54 @@ def consumers(
 
 
 @pytest.fixture(scope="session")
-def projector_image(node: Node) -> BuiltImage:
-    """``localhost/projector:dev`` built from the Dockerfile by buildah, imported into the node."""
-    image = build_projector_image()
-    import_archive(node, image.archive)
-    return image
-
-
-@pytest.fixture(scope="session")
 def helm_bin() -> Path:
     """helm, built from its Go module (cached)."""
     return chart.helm_binary()
 
 
 @pytest.fixture(scope="session")
+def registry(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """The test bed's OCI registry on loopback; the node's containerd reaches it over plain
+    HTTP by its hosts.toml."""
+    reg = Registry(tmp_path_factory.mktemp("registry"), die_with_parent=True)
+    reg.start()
+    containerd_hosts(node.certs_dir, reg.host)
+    try:
+        yield reg
+    finally:
+        reg.stop()
+
+
+@pytest.fixture(scope="session")
+def published(
+    registry: Registry, helm_bin: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Published:
+    """`make release` of the checkout into the session's registry: the image (buildah, from the
+    Dockerfile), its SBOM and the chart pinned to the image's digest."""
+    return publish(REPO_ROOT, registry.host, helm_bin, tmp_path_factory.mktemp("release"))
+
+
+@pytest.fixture(scope="session")
+def previous_published(
+    registry: Registry, helm_bin: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Published:
+    """The previous release (its tag, or the last commit before this version), exported from
+    git and published as `make release` publishes the checkout."""
+    version, commit = previous()
+    tree = checkout(commit, tmp_path_factory.mktemp(f"projector-{version}") / "tree")
+    (tree / ".release-revision").write_text(commit)
+    return publish(tree, registry.host, helm_bin, tmp_path_factory.mktemp("release-previous"))
+
+
+@pytest.fixture(scope="session")
 def release(
-    node: Node, projector_image: BuiltImage, helm_bin: Path, control_plane: ControlPlane
+    node: Node, published: Published, helm_bin: Path, control_plane: ControlPlane
 ) -> Iterator[Release]:
-    """The chart installed as the docs say, with ci/node-values.yaml, both replicas Ready."""
-    rel = Release(helm_bin, control_plane.kubeconfig, api_client(control_plane.kubeconfig))
+    """The chart installed from the registry as the docs say, with ci/node-values.yaml, both
+    replicas Ready (the kubelet pulled the image by digest)."""
+    rel = Release(
+        helm_bin, control_plane.kubeconfig, api_client(control_plane.kubeconfig), published
+    )
     rel.install()
     try:
         yield rel

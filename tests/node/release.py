@@ -1,8 +1,8 @@
-"""The chart's release on the test node: install, wait for Ready pods, find the leader."""
+"""The chart's release on the test node: install from the registry, wait for Ready pods, find
+the leader."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -10,6 +10,7 @@ from kubernetes import client
 
 from tests.bed.helm import chart
 from tests.bed.kube import eventually
+from tests.bed.release import Published, helm_env
 
 # The docs' install is `helm install projector ... -n projector-system` (what `make node-up`
 # users type, on a fresh cluster). The node tier shares the session's control plane with the
@@ -23,11 +24,15 @@ LEASE = "projector-leader"
 
 
 class Release:
-    """``helm install RELEASE deploy/helm/projector -n NAMESPACE --create-namespace
-    -f deploy/helm/projector/ci/node-values.yaml``, and what tests ask of it."""
+    """``helm install RELEASE oci://REGISTRY/charts/projector --version V -n NAMESPACE
+    --create-namespace -f deploy/helm/projector/ci/node-values.yaml`` (the chart and the image
+    as `make release` published them), and what tests ask of it."""
 
-    def __init__(self, helm_bin: Path, kubeconfig: Path, api: client.ApiClient) -> None:
+    def __init__(
+        self, helm_bin: Path, kubeconfig: Path, api: client.ApiClient, published: Published
+    ) -> None:
         self.helm_bin = helm_bin
+        self.published = published
         self.kubeconfig = kubeconfig
         self.api = api
         self.core = client.CoreV1Api(api)
@@ -38,25 +43,28 @@ class Release:
     def helm(self, *args: str) -> str:
         """helm against the plane, with its caches (and client-go's discovery cache, under
         $HOME/.kube) beside the plane's kubeconfig, never in the checkout or the real home."""
-        home = self.kubeconfig.parent / "helm-home"
         env = {
-            **os.environ,
+            **helm_env(self.kubeconfig.parent / "helm-home"),
             "KUBECONFIG": str(self.kubeconfig),
-            "HOME": str(home),
-            "HELM_CACHE_HOME": str(home / "cache"),
-            "HELM_CONFIG_HOME": str(home / "config"),
-            "HELM_DATA_HOME": str(home / "data"),
         }
         return chart.helm(self.helm_bin, *args, env=env)
 
-    def install(self, *extra: str, timeout: float = 180) -> None:
-        """Install (or upgrade) and return once every replica is Ready by the kubelet's probes."""
+    def chart(self, published: Published | None = None) -> list[str]:
+        """helm's arguments naming a published chart (this release's by default)."""
+        p = published or self.published
+        return [p.chart, "--version", p.version, "--plain-http"]
+
+    def install(
+        self, *extra: str, published: Published | None = None, timeout: float = 180
+    ) -> None:
+        """Install (or upgrade to ``published``) and return once every replica is Ready by the
+        kubelet's probes."""
         started = time.monotonic()
         self.helm(
             "upgrade",
             "--install",
             RELEASE,
-            str(chart.CHART),
+            *self.chart(published),
             "-n",
             NAMESPACE,
             "--create-namespace",

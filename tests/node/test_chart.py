@@ -24,6 +24,7 @@ from tests.bed.controlplane.plane import ControlPlane
 from tests.bed.helm import chart
 from tests.bed.kube import eventually
 from tests.bed.node.node import Node
+from tests.bed.registry import tag
 from tests.node.release import NAMESPACE, NODE_VALUES, RELEASE, Release
 from tests.support import GROUP, PLURAL, Canaries, Cluster, NamespaceFactory
 
@@ -90,28 +91,30 @@ def test_deleting_the_leaders_pod_hands_over_within_the_lease(
 
 def test_a_rolling_update_to_a_new_tag_keeps_projecting_within_the_pdb(
     release: Release,
-    node: Node,
     k8s: Cluster,
     make_namespace: NamespaceFactory,
 ) -> None:
     src, dst = projected(k8s, make_namespace, "CANARY-roll-0")
-    node.ctr("images", "tag", "--force", "localhost/projector:dev", "localhost/projector:dev2")
+    image, _, digest = release.published.image.partition("@")
+    repository = image.partition("/")[2]
+    new = tag(image.partition("/")[0], repository, digest, "roll")  # the same image, a new name
     release.helm(
         "upgrade",
         RELEASE,
-        str(chart.CHART),
+        *release.chart(),
         "-n",
         NAMESPACE,
         "-f",
         str(NODE_VALUES),
-        "--set=image.tag=dev2",
+        "--set=image.digest=",
+        "--set=image.tag=roll",
     )
     policy = client.PolicyV1Api(release.api)
     n = 0
 
     def rolled() -> bool:
         pods = release.ready_pods()
-        return len(pods) == 2 and all(p.spec.containers[0].image.endswith(":dev2") for p in pods)
+        return len(pods) == 2 and all(p.spec.containers[0].image == new for p in pods)
 
     while not rolled():
         n += 1

@@ -6,10 +6,10 @@ as dask-gateway's chart renders its Deployment with the recipe's values: `api-da
 its ServiceAccount and ConfigMap volume, the env var JUPYTERHUB_API_TOKEN from a
 `secretKeyRef` to Secret `hub` key `hub.services.dask-gateway.apiToken` (the chart's
 defaults), its liveness and readiness probes on /api/health, and `gateway.annotations` on the
-pod template only. The image is this project's own (localhost/projector:dev, set through the
-chart's `gateway.image` values); the one thing no value sets is the command: a stand-in for
-dask-gateway-server that prints the token's SHA-256 (a pod log is no place for the value) and
-answers the probes. A token rotation must reach a new gateway pod through one rollout.
+pod template only. The image is this project's own (as released to the test bed's registry,
+set through the chart's `gateway.image` values); the one thing no value sets is the command: a
+stand-in for dask-gateway-server that prints the token's SHA-256 (a pod log is no place for the
+value) and answers the probes. A token rotation must reach a new gateway pod through one rollout.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import pytest
 from kubernetes import client
 
 from tests.bed.kube import eventually
-from tests.bed.node.images import BuiltImage
 from tests.integration.test_recipes import (
     HUB,
     apply_recipe,
@@ -113,7 +112,7 @@ def decided(release: Release, workload: str) -> bool:
 
 
 def test_the_gateway_reads_the_projected_token_as_its_env_var_and_is_rolled_when_it_rotates(
-    consumers: Consumers, rollout_release: Release, projector_image: BuiltImage
+    consumers: Consumers, rollout_release: Release
 ) -> None:
     c, k8s = consumers, consumers.k8s
     export, grant = recipe_file(HUB, "export.yaml"), recipe_file(HUB, "grant.yaml")
@@ -125,9 +124,10 @@ def test_the_gateway_reads_the_projected_token_as_its_env_var_and_is_rolled_when
     eventually(lambda: k8s.copy_data(gateway_ns, "hub") == {KEY: hub[KEY]})
 
     # dask-gateway's chart, with the recipe's values and the image of this project
-    image, _, tag = projector_image.name.rpartition(":")
+    image = rollout_release.published.image.partition("@")[0]
+    tag = rollout_release.published.version
     values = dask_gateway_values(
-        {"gateway": {"image": {"name": image, "tag": tag, "pullPolicy": "Never"}}}
+        {"gateway": {"image": {"name": image, "tag": tag, "pullPolicy": "IfNotPresent"}}}
     )
     deployment = gateway_deployment(values, command=["python", "-c", GATEWAY])
     name = deployment["metadata"]["name"]

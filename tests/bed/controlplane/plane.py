@@ -333,7 +333,7 @@ def _prctl() -> Any:
     return ctypes.CDLL(None, use_errno=True).prctl
 
 
-def _die_with_parent_hook() -> Callable[[], None]:
+def die_with_parent_hook() -> Callable[[], None]:
     """A preexec_fn asking Linux to SIGTERM the child when its parent dies, so no server
     outlives pytest.
 
@@ -985,7 +985,7 @@ class ControlPlane:
                     stderr=subprocess.STDOUT,
                     cwd=self.root,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent_hook() if self.die_with_parent else None,
+                    preexec_fn=die_with_parent_hook() if self.die_with_parent else None,
                 )
             except OSError as exc:
                 raise ControlPlaneError(f"cannot start {name} ({exe}): {exc}") from exc

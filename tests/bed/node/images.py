@@ -362,7 +362,23 @@ class BuiltImage:
 
 def build_projector_image(name: str = PROJECTOR_IMAGE) -> BuiltImage:
     """The repository's Dockerfile, with the local base, by buildah; plus its OCI archive."""
+    seconds = bud(name, REPO_ROOT)
+    archive = IMAGES_DIR / (name.replace("/", "_").replace(":", "_") + ".tar")
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    archive.unlink(missing_ok=True)
+    buildah("push", name, f"oci-archive:{archive}:{name}")
+    return BuiltImage(name, archive, seconds, _image_size(name), archive.stat().st_size)
+
+
+def bud(name: str, context: Path, labels: Mapping[str, str] | None = None) -> float:
+    """Build ``context``'s Dockerfile on the local base as ``name``, each of ``labels`` both an
+    image label and a manifest annotation; the seconds it took."""
     base = build_python_base()
+    marks = [
+        arg
+        for k, v in (labels or {}).items()
+        for arg in ("--label", f"{k}={v}", "--annotation", f"{k}={v}")
+    ]
     started = time.monotonic()
     buildah(
         "bud",
@@ -372,18 +388,19 @@ def build_projector_image(name: str = PROJECTOR_IMAGE) -> BuiltImage:
         "--layers",
         "--build-arg",
         f"PYTHON_IMAGE={base}",
+        *marks,
         "-t",
         name,
         "-f",
-        str(REPO_ROOT / "Dockerfile"),
-        str(REPO_ROOT),
+        str(context / "Dockerfile"),
+        str(context),
     )
-    seconds = time.monotonic() - started
-    archive = IMAGES_DIR / (name.replace("/", "_").replace(":", "_") + ".tar")
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    archive.unlink(missing_ok=True)
-    buildah("push", name, f"oci-archive:{archive}:{name}")
-    return BuiltImage(name, archive, seconds, _image_size(name), archive.stat().st_size)
+    return time.monotonic() - started
+
+
+def image_digest(name: str) -> str:
+    """The digest buildah's store gives an image (its manifest's, as a registry would)."""
+    return buildah("inspect", "--type", "image", "--format", "{{.FromImageDigest}}", name).strip()
 
 
 UNITS = {"B": 1, "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9}

@@ -35,8 +35,8 @@ from tests.bed.controlplane.plane import (
     ControlPlane,
     ControlPlaneError,
     Process,
-    _die_with_parent_hook,
     cache_dir,
+    die_with_parent_hook,
     free_ports,
     node_name,
     proc_stat,
@@ -284,7 +284,8 @@ def containerd_config(root: Path, binaries: Path) -> str:
 version = 3
 root = "{root / "containerd" / "root"}"
 state = "{root / "containerd" / "state"}"
-# No registry can be reached: nothing pulls; the sandbox image is imported (images.py).
+# The sandbox image is imported (images.py); the controller's is pulled from the test bed's
+# registry (tests/bed/registry), which a hosts.toml under certs.d names as plain HTTP.
 disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor.v1.otlp"]
 
 [grpc]
@@ -307,6 +308,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
 [plugins."io.containerd.cri.v1.images"]
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "{PAUSE_IMAGE}"
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = "{root / "certs.d"}"
 
 {cri_runtime}]
   # Root here lacks CAP_SYS_RESOURCE: a sandbox asking for oom_score_adj -998 kills runc init
@@ -444,6 +447,11 @@ class Node:
     def socket(self) -> Path:
         """containerd's CRI and API socket."""
         return self.root / "containerd.sock"
+
+    @property
+    def certs_dir(self) -> Path:
+        """containerd's registry hosts directory (a ``HOST/hosts.toml`` per registry)."""
+        return self.root / "certs.d"
 
     @property
     def logs(self) -> Path:
@@ -681,7 +689,7 @@ class Node:
                 cwd=self.root,
                 env={**os.environ, **env},
                 start_new_session=True,
-                preexec_fn=_die_with_parent_hook() if self.die_with_parent else None,
+                preexec_fn=die_with_parent_hook() if self.die_with_parent else None,
             )
         stat = proc_stat(popen.pid)
         self.processes[name] = Process(
