@@ -9,16 +9,13 @@ system:authenticated), and each forbidden one is a real request answered 403.
 
 Those built-in roles reach exports only through the chart's `<release>-exports-edit` and
 `-exports-view` ClusterRoles, by the kube-controller-manager's clusterrole-aggregation
-controller. The session's control plane does not run that controller (tests/bed/controlplane/
-plane.py, `KCM_CONTROLLERS`), so there `admin`, `edit` and `view` never gain the export rules.
-This module therefore proves it twice:
+controller (which the session's plane runs: tests/bed/controlplane/plane.py, `KCM_CONTROLLERS`).
+This module proves it twice, with the shipped RBAC installed as every test installs it
+(`install_rbac`: deploy/rbac/, the aggregated export roles included):
 
-- on the session's plane, with the shipped RBAC installed as every test installs it
-  (`install_rbac`: deploy/rbac/, the aggregated export roles included), the same users bound
-  to `projector-exports-edit` / `projector-exports-view` directly: the rules themselves;
-- on a plane of this module's whose kube-controller-manager runs the aggregation
-  controller (as test_helm.py's fresh plane does), the users bound to `admin`, `edit` and
-  `view` themselves, once those roles hold the aggregated rules: the labels, end to end.
+- users bound to `projector-exports-edit` / `projector-exports-view` directly: the rules;
+- users bound to `admin`, `edit` and `view` themselves, once the aggregation controller gave
+  those roles the export rules: the labels, end to end.
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ import yaml
 from kubernetes import client
 
 from tests.bed import kube
-from tests.bed.controlplane.plane import CONTROLLER_MANAGER, ControlPlane
+from tests.bed.controlplane.plane import ControlPlane
 from tests.bed.kube import api_client, eventually, unique_name
 from tests.support import NamespaceFactory
 
@@ -281,81 +278,49 @@ def test_the_exports_view_role_reads_exports_and_writes_none(
     reads_exports_and_writes_none(tenant, custom_objects, make_namespace())
 
 
-# --- admin, edit and view themselves, on a plane that aggregates --------------------------------
+# --- admin, edit and view themselves, once aggregated ---------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def aggregating_plane(
-    binaries: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ControlPlane]:
-    """A plane whose kube-controller-manager runs the clusterrole-aggregation controller,
-    with the CRDs (deploy/crds/) and the shipped RBAC installed."""
-    plane = ControlPlane(
-        tmp_path_factory.mktemp("aggregating-plane"),
-        binaries,
-        die_with_parent=True,
-        extra_args={CONTROLLER_MANAGER: ["--controllers=clusterrole-aggregation-controller"]},
+def aggregated(rbac: client.RbacAuthorizationV1Api, role: str, verb: str) -> bool:
+    """True once the aggregation controller gave the built-in ``role`` ``verb`` on exports."""
+    rules = rbac.read_cluster_role(role).rules or []
+    return any(
+        EXPORTS in (r.resources or []) and verb in (r.verbs or []) and GROUP in (r.api_groups or [])
+        for r in rules
     )
-    plane.start()
-    try:
-        yield plane
-    finally:
-        plane.stop()
-
-
-@pytest.fixture(scope="module")
-def aggregating_admin(aggregating_plane: ControlPlane) -> Iterator[client.ApiClient]:
-    api = api_client(aggregating_plane.kubeconfig)
-    kube.install_rbac(api)
-    rbac = client.RbacAuthorizationV1Api(api)
-
-    def aggregated(role: str, verb: str) -> bool:
-        rules = rbac.read_cluster_role(role).rules or []
-        return any(
-            EXPORTS in (r.resources or [])
-            and verb in (r.verbs or [])
-            and GROUP in (r.api_groups or [])
-            for r in rules
-        )
-
-    for role, verb in (("admin", "create"), ("edit", "create"), ("view", "list")):
-        eventually(
-            lambda: aggregated(role, verb),  # noqa: B023 (called before the loop goes on)
-            message=f"export rules aggregated into {role}",
-        )
-    assert not aggregated("view", "create")
-    yield api
-    api.close()
 
 
 @pytest.fixture
 def aggregated_tenants(
-    aggregating_admin: client.ApiClient, aggregating_plane: ControlPlane
+    admin_client: client.ApiClient,
+    control_plane: ControlPlane,
+    rbac_v1: client.RbacAuthorizationV1Api,
 ) -> Iterator[TenantFactory]:
-    yield from _tenants(aggregating_admin, aggregating_plane.kubeconfig)
-
-
-def _namespace(api: client.ApiClient) -> str:
-    """A namespace of the module's plane (it goes with the plane)."""
-    name = unique_name("tenant-ns")
-    client.CoreV1Api(api).create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=name))
-    )
-    return name
+    kube.install_rbac(admin_client)
+    for role, verb in (("admin", "create"), ("edit", "create"), ("view", "list")):
+        eventually(
+            lambda: aggregated(rbac_v1, role, verb),  # noqa: B023 (called before the loop goes on)
+            message=f"export rules aggregated into {role}",
+        )
+    assert not aggregated(rbac_v1, "view", "create")
+    yield from _tenants(admin_client, control_plane.kubeconfig)
 
 
 @pytest.mark.parametrize("role", ["admin", "edit"])
 def test_admin_and_edit_manage_exports_in_their_namespace_only(
-    aggregated_tenants: TenantFactory, aggregating_admin: client.ApiClient, role: str
+    aggregated_tenants: TenantFactory,
+    make_namespace: NamespaceFactory,
+    custom_objects: client.CustomObjectsApi,
+    role: str,
 ) -> None:
-    tenant = aggregated_tenants(_namespace(aggregating_admin), role)
-    custom = client.CustomObjectsApi(aggregating_admin)
-    manages_exports_only_in_its_namespace(tenant, custom, _namespace(aggregating_admin))
+    tenant = aggregated_tenants(make_namespace(), role)
+    manages_exports_only_in_its_namespace(tenant, custom_objects, make_namespace())
 
 
 def test_view_reads_exports_and_writes_none(
-    aggregated_tenants: TenantFactory, aggregating_admin: client.ApiClient
+    aggregated_tenants: TenantFactory,
+    make_namespace: NamespaceFactory,
+    custom_objects: client.CustomObjectsApi,
 ) -> None:
-    tenant = aggregated_tenants(_namespace(aggregating_admin), "view")
-    custom = client.CustomObjectsApi(aggregating_admin)
-    reads_exports_and_writes_none(tenant, custom, _namespace(aggregating_admin))
+    tenant = aggregated_tenants(make_namespace(), "view")
+    reads_exports_and_writes_none(tenant, custom_objects, make_namespace())

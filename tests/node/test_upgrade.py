@@ -5,8 +5,10 @@ is built and published to the test bed's registry exactly as `make release` publ
 installed from there, and given three grants (one through a ProjectionExport) into 100
 namespaces: 300 copies. Then the documented steps: the new release's CRDs applied, ``helm
 upgrade`` to this release from the registry; ``helm rollback`` to the previous one; ``helm
-upgrade`` again. After each, every source changes once, so the running leader has reconciled
-every grant, and the API server's audit log of the step is read:
+upgrade`` again. After each, once the old pods are gone and a new one leads, every source
+changes once, so the new leader has reconciled every grant (the copies' writes for that change
+must come from the new version, by User-Agent), and the API server's audit log of the step is
+read:
 
 - copy writes the step itself caused: none (each copy was written exactly once, for its
   source's change, and its labels, annotations other than the content hash, and uid are as
@@ -42,7 +44,7 @@ from tests.bed.controlplane.plane import REPO_ROOT, ControlPlane
 from tests.bed.kube import eventually
 from tests.bed.node.node import Node
 from tests.bed.release import Published
-from tests.node.release import NAMESPACE, RELEASE, Release
+from tests.node.release import NAMESPACE, RELEASE, SELECTOR, Release
 from tests.support import Cluster, NamespaceFactory, audit_writes
 
 CONSUMERS = 100
@@ -69,6 +71,7 @@ class Step:
     """The User-Agents that wrote, in the order they first wrote."""
     interleaved: bool
     rollout_seconds: float
+    """From the helm command to the new pods Ready, the old ones gone and one of the new leading."""
 
 
 def test_an_upgrade_from_the_previous_release_and_a_rollback_rewrite_and_delete_nothing(
@@ -160,7 +163,7 @@ def workload(k8s: Cluster, make_namespace: NamespaceFactory) -> dict[tuple[str, 
         (producer, "labelled"),
         selector=selector,
         target_name="labelled-token",
-        keys=[{"key": "token"}],
+        keys=[{"from": "token"}],
     )
     k8s.grant((producer, "exported"), selector=selector)
     return {(producer, "labelled"): "token", (producer, "exported"): "url"}
@@ -195,9 +198,22 @@ def step(
     before = copies(k8s, sources)
     since = datetime.now(UTC)
     do()
+
+    def handed_over() -> bool:
+        # the old pods gone, terminating ones too (a leader being stopped may still write),
+        # and a pod of the new ReplicaSet holding the Lease
+        every = release.core.list_namespaced_pod(NAMESPACE, label_selector=SELECTOR).items
+        names = {str(p.metadata.name) for p in every}
+        return (
+            images(release) == {to.image}
+            and names == {str(p.metadata.name) for p in release.pods()}
+            and release.leader() in names
+        )
+
+    eventually(handed_over, 120, interval=0.2, message=f"the {name} handed over")
     seconds = (datetime.now(UTC) - since).total_seconds()
-    assert images(release) == {to.image}
     value = f"CANARY-{uuid.uuid4().hex[:8]}"
+    changed_at = datetime.now(UTC)
     for (namespace, source), key in sources.items():
         k8s.patch_secret(namespace, source, {"data": {key: value}})
     encoded = base64.b64encode(value.encode()).decode()
@@ -208,6 +224,8 @@ def step(
     )
     after = copies(k8s, sources)
     writes = [w for w in audit_writes(audit_log, since) if w.agent.startswith("projector/")]
+    late = {w.agent for w in writes if w.resource == "secrets" and w.at >= changed_at}
+    assert late and all(a.startswith(f"projector/{to.version} ") for a in late), late
     per_copy = Counter(
         (w.namespace, w.name) for w in writes if w.resource == "secrets" and w.verb != "delete"
     )

@@ -54,7 +54,8 @@ PROCESS_NAMES = (ETCD, APISERVER, CONTROLLER_MANAGER, SCHEDULER)
 # ResourceQuota usage (without it a quota's status stays empty and admission enforces nothing),
 # and what a node's pods need: ServiceAccounts and their tokens, the kube-root-ca.crt ConfigMap
 # in-cluster clients mount, Deployments -> ReplicaSets -> Pods, the node lifecycle (it removes the
-# not-ready taint) and PodDisruptionBudget status.
+# not-ready taint) and PodDisruptionBudget status; and the aggregation of labelled ClusterRoles
+# into admin, edit and view (the chart's export and read-only roles).
 KCM_CONTROLLERS = (
     "namespace-controller",
     "garbage-collector-controller",
@@ -66,6 +67,7 @@ KCM_CONTROLLERS = (
     "replicaset-controller",
     "node-lifecycle-controller",
     "disruption-controller",
+    "clusterrole-aggregation-controller",
 )
 NODE_KUBECONFIG = "node.kubeconfig"
 # The API server's client identity towards kubelets (pods/log, exec): bound to this ClusterRole.
