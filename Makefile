@@ -107,8 +107,8 @@ reliability-docs: install binaries ## rerun every fault test (-m fault, the minu
 # to one worker here: pytest-xdist 3.8 on pytest 9.2 split them twice).
 TEST_WORKERS ?= 2
 test: install binaries helm registry prometheus otelcol node-binaries lint docs ## everything: lint, docs, unit, integration and node tests (real API server, real node, real collector)
-	$(PY) -m pytest -n $(TEST_WORKERS) -m "not node and not serial"
-	$(PY) -m pytest -m "node or serial"
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not node and not serial" --durations=25
+	$(PY) -m pytest -m "node or serial" --durations=10
 
 # The CRD (schema, CEL rules, defaults, printer columns), admission (the chart's
 # ValidatingAdmissionPolicy, strict field validation) and DESIGN §3 semantics tests, on each
