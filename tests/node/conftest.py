@@ -26,7 +26,7 @@ from tests.bed.node.node import (
     running_node,
 )
 from tests.bed.registry import Registry, containerd_hosts
-from tests.bed.release import Published, checkout, previous, publish
+from tests.bed.release import Published, checkout, previous, publish, shallow
 from tests.node.consumers import Consumers
 from tests.node.release import Release
 from tests.support import Cluster, NamespaceFactory
@@ -124,6 +124,8 @@ def previous_published(
 ) -> Published:
     """The previous release (its tag, or the last commit before this version), exported from
     git and published as `make release` publishes the checkout."""
+    if shallow():
+        pytest.skip("a shallow clone: no history of the previous release to build it from")
     version, commit = previous()
     tree = checkout(commit, tmp_path_factory.mktemp(f"projector-{version}") / "tree")
     (tree / ".release-revision").write_text(commit)

@@ -137,6 +137,11 @@ def previous(repo: Path = REPO_ROOT) -> tuple[str, str]:
     return version, run("git", "rev-parse", f"{before}^{{commit}}", cwd=repo).strip()
 
 
+def shallow(repo: Path = REPO_ROOT) -> bool:
+    """True in a shallow clone, whose history may not reach the previous release."""
+    return run("git", "rev-parse", "--is-shallow-repository", cwd=repo).strip() == "true"
+
+
 def version_of_ref(repo: Path, ref: str) -> str:
     """The pyproject.toml version at a git ref."""
     text = run("git", "show", f"{ref}:pyproject.toml", cwd=repo)
