@@ -32,7 +32,7 @@ from typing import Any
 
 from tests.bed.controlplane.plane import REPO_ROOT
 from tests.bed.helm import chart
-from tests.bed.node.images import PYTHON_BASE, bud, buildah, image_digest
+from tests.bed.node.images import PYTHON_BASE, bud, build_python_base, buildah, image_digest
 from tests.bed.registry import OCI_MANIFEST
 
 LOCAL = REPO_ROOT / ".local" / "release"
@@ -288,7 +288,7 @@ def publish(tree: Path, registry: str, helm_bin: Path, workdir: Path = LOCAL) ->
     version = version_of(tree)
     notes(version)  # a release names what it changes, or is not made
     commit, created = revision(tree)
-    base = f"{PYTHON_BASE}@{image_digest(PYTHON_BASE)}"
+    base = f"{PYTHON_BASE}@{image_digest(build_python_base())}"  # built first on a fresh clone
     tag = f"{registry}/{IMAGE_REPOSITORY}:{version}"
     labels = {
         "org.opencontainers.image.source": SOURCE,
