@@ -101,35 +101,12 @@ def test_an_upgrade_from_the_previous_release_and_a_rollback_rewrite_and_delete_
             release.helm("rollback", RELEASE, "1", "-n", NAMESPACE, "--wait")
             release.wait_rolled_out()
 
-        steps = [
-            step(
-                f"upgrade {old.version} -> {new.version}",
-                upgrade,
-                release,
-                k8s,
-                sources,
-                audit_log,
-                new,
-            ),
-            step(
-                f"rollback {new.version} -> {old.version}",
-                rollback,
-                release,
-                k8s,
-                sources,
-                audit_log,
-                old,
-            ),
-            step(
-                f"upgrade {old.version} -> {new.version} again",
-                upgrade,
-                release,
-                k8s,
-                sources,
-                audit_log,
-                new,
-            ),
+        plan = [
+            (f"upgrade {old.version} -> {new.version}", upgrade, new),
+            (f"rollback {new.version} -> {old.version}", rollback, old),
+            (f"upgrade {old.version} -> {new.version} again", upgrade, new),
         ]
+        steps = [step(n, do, release, k8s, sources, audit_log, to) for n, do, to in plan]
     finally:
         release.install()  # the session's release, as the other node tests expect it
     served = control_plane_crds(release)
@@ -251,16 +228,20 @@ def images(release: Release) -> set[str]:
     return {str(p.spec.containers[0].image) for p in release.pods()}
 
 
+def show_crds(release: Release, published: Published) -> str:
+    """``helm show crds`` of a published chart: the manifests the upgrade step applies."""
+    return release.helm("show", "crds", *release.chart(published))
+
+
 def chart_crds(release: Release, published: Published) -> list[dict[str, Any]]:
-    """``helm show crds`` of a published chart."""
-    text = release.helm("show", "crds", *release.chart(published))
-    return [d for d in yaml.safe_load_all(text) if d]
+    """The CRDs of a published chart, parsed."""
+    return [d for d in yaml.safe_load_all(show_crds(release, published)) if d]
 
 
 def apply_crds(release: Release, node: Node, published: Published) -> None:
     """The documented first step of an upgrade (docs/upgrade.md): the new release's CRDs,
     applied server-side, taking over the fields an earlier install wrote."""
-    text = release.helm("show", "crds", *release.chart(published))
+    text = show_crds(release, published)
     subprocess.run(
         [
             str(node.kube_binaries / "kubectl"),

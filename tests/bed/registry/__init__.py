@@ -95,7 +95,7 @@ class Registry:
                 raise RegistryError(
                     f"the registry did not answer /v2/ on {self.host}:\n{tail(log)}"
                 )
-            time.sleep(0.05)
+            time.sleep(0.05)  # allowed-sleep: poll interval of a loop with a deadline
         (self.root / STATE_FILE).write_text(
             json.dumps(
                 {
