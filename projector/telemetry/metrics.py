@@ -23,7 +23,7 @@ from prometheus_client import (
 )
 
 from projector.core.model import HASH_ANNOTATION
-from projector.core.plans import Action, Outcome, Plan, Result
+from projector.core.plans import Action, Outcome, Plan, Reason, Result, Step
 from projector.telemetry.metrictable import (
     INFORMER_EVENTS,
     METRICS,
@@ -39,6 +39,7 @@ class Metrics:
 
     projection_latency: Histogram
     fanout_latency: Histogram
+    revocation_latency: Histogram
     reconcile_duration: Histogram
     reconciles: Counter
     queue_depth: Gauge
@@ -141,7 +142,7 @@ class Metrics:
     def observe(
         self, plan: Plan, outcomes: Sequence[Outcome], since: float | None, done: float
     ) -> None:
-        """After a plan ran: projection latency per copy written, drift corrected, states."""
+        """After a plan ran: latency per copy written or revoked, drift corrected, states."""
         exemplar = _exemplar()
         projected = 0
         for o in outcomes:
@@ -151,6 +152,8 @@ class Metrics:
             if step.action in _PROJECTING and since is not None:
                 projected += 1
                 self.projection_latency.observe(done - since, exemplar=exemplar)
+            elif step.action is Action.DELETE and since is not None and _revokes(step):
+                self.revocation_latency.observe(done - since, exemplar=exemplar)
             if (
                 step.action is Action.UPDATE
                 and step.existing is not None
@@ -275,6 +278,11 @@ class Metrics:
 
 
 _PROJECTING = frozenset({Action.CREATE, Action.UPDATE, Action.REPLACE})
+
+
+def _revokes(step: Step) -> bool:
+    """A delete revokes unless its source was deleted (onSourceDeleted's, not onRevoke's)."""
+    return step.reason is not Reason.SOURCE_MISSING
 
 
 def _exemplar() -> dict[str, str] | None:

@@ -141,6 +141,14 @@ METRICS = (
         "(one sample per reconcile that wrote).",
     ),
     Metric(
+        "revocation_latency",
+        "projector_revocation_seconds",
+        "histogram",
+        "From a withdrawal of consent observed (grant deleted or retargeted, export or label "
+        "withdrawn, namespace relabelled) to a copy it revoked deleted, under onRevoke: Delete "
+        "(one sample per copy).",
+    ),
+    Metric(
         "reconcile_duration",
         "projector_reconcile_duration_seconds",
         "histogram",

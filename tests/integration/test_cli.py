@@ -58,5 +58,8 @@ def test_http_port_serves_health_readiness_and_metrics(
         assert expected in names, expected
     assert controller.metric("projector_writes_total", action="Create", result="ok") >= 1
     before = controller.metric("projector_grants")
-    k8s.delete_grant(g)
+    revoked = controller.metric("projector_revocation_seconds_count")
+    k8s.delete_grant(g)  # onRevoke Delete: the copy goes, a revocation observed
     eventually(lambda: controller.metric("projector_grants") == before - 1)
+    eventually(lambda: k8s.copy_data(a, "hub") is None)
+    eventually(lambda: controller.metric("projector_revocation_seconds_count") == revoked + 1)

@@ -85,8 +85,11 @@ def test_template_default_values_is_restricted_and_highly_available(helm_bin: Pa
             "ClusterRole",  # projector-exports-view, aggregated into view
             "ClusterRoleBinding",
             "Deployment",
+            "FlowSchema",
+            "FlowSchema",  # projector-leader-election
             "NetworkPolicy",
             "PodDisruptionBudget",
+            "PriorityLevelConfiguration",
             "Role",
             "Role",
             "RoleBinding",
@@ -129,6 +132,21 @@ def test_template_default_values_is_restricted_and_highly_available(helm_bin: Pa
     verbs = {res: set(r["verbs"]) for r in cluster_rules for res in r["resources"]}
     assert verbs["projectiongrants/status"] == {"patch"}  # nothing reads or PUTs a status
     assert verbs["namespaces"] == {"list", "watch"}  # namespaces come from the informer only
+    # no client-side rate limit: API Priority and Fairness bounds it, in a level of its own
+    assert "--qps=0" in c["args"]
+    level = docs[("PriorityLevelConfiguration", "projector")]["spec"]["limited"]
+    assert level["borrowingLimitPercent"] == 0 and level["limitResponse"]["type"] == "Queue"
+    schema = docs[("FlowSchema", "projector")]["spec"]
+    subject = {"kind": "ServiceAccount", "serviceAccount": {"name": "projector"}}
+    subject["serviceAccount"]["namespace"] = NAMESPACE
+    assert schema["priorityLevelConfiguration"] == {"name": "projector"}
+    assert schema["rules"][0]["subjects"] == [subject]
+    election = docs[("FlowSchema", "projector-leader-election")]["spec"]
+    assert election["priorityLevelConfiguration"] == {"name": "leader-election"}
+    assert election["matchingPrecedence"] < schema["matchingPrecedence"]
+    assert election["rules"][0]["subjects"] == [subject]
+    off = render(helm_bin, "--set=flowControl.enabled=false")
+    assert not {k for k, _ in off} & {"FlowSchema", "PriorityLevelConfiguration"}
 
 
 def test_template_non_default_values(helm_bin: Path) -> None:
@@ -562,6 +580,8 @@ def released_objects(api: client.ApiClient) -> list[str]:
         ("rbac.authorization.k8s.io/v1", "RoleBinding"),
         ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"),
         ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
+        (FLOWCONTROL, "PriorityLevelConfiguration"),
+        (FLOWCONTROL, "FlowSchema"),
     ]
     found = []
     for version, kind in kinds:
@@ -570,6 +590,28 @@ def released_objects(api: client.ApiClient) -> list[str]:
         ):
             found.append(f"{kind}/{item.metadata.namespace or ''}/{item.metadata.name}")
     return found
+
+
+FLOWCONTROL = "flowcontrol.apiserver.k8s.io/v1"
+PF_LEVEL = "X-Kubernetes-PF-PriorityLevel-UID"
+"""The response header in which API Priority and Fairness names the level that served it."""
+
+
+def served_by(request: Callable[[], Any]) -> str:
+    """The uid of the priority level that served `request` (an ..._with_http_info call)."""
+    try:
+        _, _, headers = request()
+    except client.ApiException as e:  # a 404 is served by a level too
+        headers = e.headers
+    return str(headers[PF_LEVEL])
+
+
+def levels(api: client.ApiClient) -> dict[str, str]:
+    """Every PriorityLevelConfiguration's uid, by name."""
+    res = dynamic.DynamicClient(api).resources.get(
+        api_version=FLOWCONTROL, kind="PriorityLevelConfiguration"
+    )
+    return {i.metadata.name: i.metadata.uid for i in res.get().items}
 
 
 def run_cli(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -626,6 +668,15 @@ def test_helm_install_upgrade_uninstall_on_a_real_api_server(
     try:
         eventually(ctl.ready, timeout=30, message="controller /readyz")
         eventually(lambda: k8s.copy_data(dst, "hub") == {"api-token": "CANARY-helm-1"})
+        # API Priority and Fairness: its requests are served in its own bounded level, its
+        # Lease requests in leader-election, as the chart's FlowSchemas say
+        uids, as_sa = levels(fresh_api), api_client(kubeconfig)
+        secrets = client.CoreV1Api(as_sa).list_namespaced_secret_with_http_info
+        assert served_by(lambda: secrets(dst, _preload_content=False)) == uids[RELEASE]
+        lease = client.CoordinationV1Api(as_sa).read_namespaced_lease_with_http_info
+        served = served_by(lambda: lease("projector-leader", NAMESPACE, _preload_content=False))
+        assert served == uids["leader-election"]
+        as_sa.close()
         explained = run_cli(fresh_plane.kubeconfig, "explain", grant)
         assert explained.returncode == 0, explained.stderr
         assert "projected" in explained.stdout and dst in explained.stdout

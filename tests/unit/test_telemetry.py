@@ -27,6 +27,8 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from projector.control.controller import Controller
 from projector.core.kinds import GRANTS, NAMESPACES, SECRETS
+from projector.core.model import GRANT_UID_ANNOTATION
+from projector.core.names import FIELD_MANAGER
 from projector.core.plans import Result
 from projector.telemetry.endpoints import metrics_app
 from projector.telemetry.logs import configure_logging, log_processors
@@ -426,3 +428,42 @@ def test_no_trace_is_started_while_exporting_is_paused_and_each_is_counted() -> 
     with tracer.start_as_current_span("reconcile") as again:
         assert again.is_recording()
     assert metrics.spans_dropped.labels("paused")._value.get() == 1
+
+
+def _count(metrics: Metrics, name: str) -> float:
+    return metrics.registry.get_sample_value(f"{name}_count") or 0.0
+
+
+async def _after(api: FakeApi, metrics: Metrics, before: Controller) -> Controller:
+    """A controller restarted on `api`'s objects, its copies marked as the API server marks
+    them (the API double keeps no managedFields), with the key that signed them."""
+    owner: dict[str, Any] = {"f:metadata": {"f:annotations": {f"f:{GRANT_UID_ANNOTATION}": {}}}}
+    for (plural, ns, _), obj in api.objects.items():
+        if plural == SECRETS.plural and ns in TARGETS:
+            obj["metadata"]["managedFields"] = [{"manager": FIELD_MANAGER, "fieldsV1": owner}]
+    after = await controller(api, metrics=metrics)
+    after.hash_key = before.hash_key
+    metrics.triggered(["g"])
+    return after
+
+
+async def test_revocation_latency_counts_each_revoked_copy_and_never_a_source_deletion(
+    spans: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, _ = spans
+    revoked = Metrics()
+    api, before = await fan_out(provider, revoked)
+    del api.objects[GRANTS.plural, "", "g"]  # the admin withdraws consent: onRevoke Delete
+    after = await _after(api, revoked, before)
+    assert await after.reconcile("g") is Result.OK
+    assert not [k for k in api.objects if k[0] == SECRETS.plural and k[1] in TARGETS]
+    assert _count(revoked, "projector_revocation_seconds") == len(TARGETS)
+
+    gone = Metrics()  # the source deleted under onSourceDeleted Delete: not a revocation
+    api, before = await fan_out(provider, gone)
+    del api.objects[SECRETS.plural, "src", "s"]
+    api.objects[GRANTS.plural, "", "g"]["spec"]["policy"] = {"onSourceDeleted": "Delete"}
+    after = await _after(api, gone, before)
+    assert await after.reconcile("g") is Result.OK
+    assert not [k for k in api.objects if k[0] == SECRETS.plural and k[1] in TARGETS]
+    assert _count(gone, "projector_revocation_seconds") == 0

@@ -73,6 +73,16 @@ _BUDGET = f"{1 - SLO_TARGET:.2f}"
 _ERROR = 'result="error"'
 _CONFLICTED = 'state=~"Conflict|GrantConflict"'
 _READY = 'condition="Ready"'
+REVOCATION_SECONDS = "10.0"
+"""The revocation bucket (``le``) past which a revoked copy counts as lagging."""
+
+
+def _lagging_revocations() -> str:
+    bucket = m("projector_revocation_seconds_bucket", f'le="{REVOCATION_SECONDS}"')
+    count = m("projector_revocation_seconds_count")
+    return (
+        f"1 - (sum by ({_BY}) (rate({bucket}[10m]))\n/ sum by ({_BY}) (rate({count}[10m]))) > 0.01"
+    )
 
 
 def _burn(long: str, short: str, factor: str) -> str:
@@ -107,6 +117,14 @@ ALERTS: tuple[Alert, ...] = (
         "warning",
         "More than 5% of copy writes fail.",
         "projectorwriteerrors",
+    ),
+    Alert(
+        "ProjectorRevocationsLagging",
+        _lagging_revocations(),
+        "1m",
+        "warning",
+        "More than 1% of revoked copies were deleted over 10 s after consent was withdrawn.",
+        "projectorrevocationslagging",
     ),
     Alert(
         "ProjectorNoLeader",
@@ -155,6 +173,9 @@ DESCRIPTIONS: dict[str, str] = {
     "ProjectorWriteErrors": "Copy writes fail after the writer's retries; the failing grants' "
     "status and Events name the namespace and the API server's answer (403 RBAC or admission, "
     "422 invalid, 5xx server).",
+    "ProjectorRevocationsLagging": "A namespace kept a copy after its grant, export or label "
+    "was withdrawn: its tenants could read the Secret for that long. Look at queue wait, API "
+    "request codes (429s) and failing deletes.",
     "ProjectorNoLeader": "No grant is reconciled and copies no longer follow their sources. "
     "Replicas campaign again by themselves once the API server answers; look for failed "
     "lease campaign attempts in their logs.",
