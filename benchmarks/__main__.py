@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import e2e, failover, hostile, hotpath, scaling
+from benchmarks import e2e, failover, fairness, hostile, hotpath, scaling, tenant
 from benchmarks.common import RESULTS
 from benchmarks.harness import control_plane
 from projector.client.kube import Kube
@@ -30,8 +30,13 @@ SIZES: dict[str, dict[str, Any]] = {
     "full": {
         "hot": (10, 1_000, 10_000),
         "hot_repeats": 15,
-        "fanout": ((100, 10, 3), (1_000, 5, 1)),
-        "peer_blocks": {100: 5, 1_000: 1},
+        "fanout": ((100, 10, 3), (1_000, 5, 1), (5_000, 3, 1)),
+        "peer_blocks": {100: 5, 1_000: 5, 5_000: 3},
+        # kubernetes-replicator (client-go's 5 QPS) takes 200 s a sample at 1,000, 1,000 s at
+        # 5,000: it runs at 1 -> 100 only
+        "peers_only": {1_000: ("projection",), 5_000: ("projection",)},
+        "tenant": tenant.Sizes(single=30, burst=200, relabel=30, fan=100, deletes=3),
+        "fairness": (5_000, 3, 5.0),
         "build_peers": True,
         "latency": (10, 30, 20.0),
         "burst": (1_000, 100),
@@ -51,6 +56,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "hot_repeats": 7,
         "fanout": ((100, 4, 2), (1_000, 2, 1)),
         "peer_blocks": {100: 2},
+        "peers_only": {},
+        "tenant": tenant.Sizes(single=10, burst=50, relabel=10, fan=50, deletes=2),
+        "fairness": (1_000, 2, 3.0),
         "build_peers": True,
         "latency": (4, 20, 20.0),
         "burst": (1_000, 100),
@@ -70,6 +78,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "hot_repeats": 2,
         "fanout": ((5, 1, 1),),
         "peer_blocks": {5: 1},  # only peers already built: tiny never builds one
+        "peers_only": {},
+        "tenant": tenant.Sizes(single=2, burst=3, relabel=2, fan=3, deletes=1),
+        "fairness": (5, 1, 0.5),
         "build_peers": False,
         "latency": (1, 2, 20.0),
         "burst": (20, 3),
@@ -90,25 +101,39 @@ OUT = {"full": RESULTS, "quick": RESULTS.parent / "results-quick"}
 
 
 async def run_e2e(
-    kubeconfig: Path, work: Path, size: dict[str, Any], out: Path, only: set[str]
+    kubeconfig: Path,
+    work: Path,
+    size: dict[str, Any],
+    out: Path,
+    only: set[str],
+    fanouts: frozenset[int] = frozenset(),
 ) -> list[Path]:
     kube = await Kube.connect(str(kubeconfig), qps=0)
     paths: list[Path] = []
     try:
         if "fanout" in only:
             for n, blocks, per_block in size["fanout"]:
+                if fanouts and n not in fanouts:
+                    continue
                 fanout = functools.partial(
                     e2e.fanout, kube, kubeconfig, work, n, blocks, per_block, out=out
                 )
                 peers = size["peer_blocks"].get(n, 0)
-                paths.append(await fanout(peer_blocks=peers, build_peers=size["build_peers"]))
-                if n >= 1_000:  # the default client-side rate limit, then without it
-                    paths.append(await fanout(["--qps=0"], name=f"fanout-{n}-qps0"))
-                    # and without the 50 ms debounce too: the engine's own cost, as at 1 -> 100
-                    qd = ["--qps=0", "--debounce=0"]
-                    paths.append(await fanout(qd, name=f"fanout-{n}-qps0-debounce0"))
-                else:  # the default 50 ms debounce, then without it: the engine's own cost
-                    paths.append(await fanout(["--debounce=0"], name=f"fanout-{n}-debounce0"))
+                named = size["peers_only"].get(n, ())
+                build = size["build_peers"]
+                paths.append(await fanout(peer_blocks=peers, build_peers=build, peer_names=named))
+                # without the default 50 ms debounce: the engine's own cost
+                paths.append(await fanout(["--debounce=0"], name=f"fanout-{n}-debounce0"))
+                if n == 1_000:  # the client-side limit that was the default until 0.2.0
+                    paths.append(await fanout(["--qps=200"], name=f"fanout-{n}-qps200"))
+        if "tenant" in only:
+            paths.append(
+                await tenant.run(
+                    kube, kubeconfig, work, size["tenant"], out, build_peers=size["build_peers"]
+                )
+            )
+        if "fairness" in only:
+            paths.append(await fairness.run(kube, kubeconfig, work, size["fairness"], out))
         if "latency" in only:
             blocks, per_block, rate = size["latency"]
             paths.append(
@@ -142,7 +167,13 @@ def main(argv: list[str] | None = None) -> int:
         "for quick; tiny requires it)",
     )
     p.add_argument(
-        "--only", default="hotpath,hostile,fanout,latency,burst,failover,restart,scaling"
+        "--only",
+        default="hotpath,hostile,fanout,tenant,fairness,latency,burst,failover,restart,scaling",
+    )
+    p.add_argument(
+        "--fanout",
+        default="",
+        help="only these fan-out sizes (namespaces, comma-separated), e.g. 1000,5000",
     )
     p.add_argument(
         "--kubeconfig",
@@ -151,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = p.parse_args(argv)
     size, only = SIZES[a.size], set(a.only.split(","))
+    fanouts = frozenset(int(x) for x in a.fanout.split(",") if x)
     if a.out is None:
         if a.size not in OUT:
             p.error(f"{a.size} needs --out (its numbers mean nothing; never into results/)")
@@ -165,10 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="projector-bench-"))
     try:
         if a.kubeconfig:
-            paths += asyncio.run(run_e2e(a.kubeconfig, work, size, a.out, only))
+            paths += asyncio.run(run_e2e(a.kubeconfig, work, size, a.out, only, fanouts))
         else:
             with control_plane(work / "plane") as plane:
-                paths += asyncio.run(run_e2e(plane.kubeconfig, work, size, a.out, only))
+                paths += asyncio.run(run_e2e(plane.kubeconfig, work, size, a.out, only, fanouts))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for path in paths:

@@ -31,6 +31,12 @@ MARKS_RATIO = "floor (same bodies)/floor p50"
 """`FLOOR_SAME` over the floor on minimal Secrets: what the copies' ownership marks cost."""
 
 
+def process_cpu(pid: int) -> float:
+    """Process CPU seconds (user + system, every thread) of a running process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(samples: Sequence[float], q: float) -> float:
     """The q-th percentile (0..100) by linear interpolation; the sample itself if only one."""
     s = sorted(samples)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +39,16 @@ from typing import Any
 from kubernetes import client as k8s
 
 from benchmarks import peers
-from benchmarks.common import FLOOR_SAME, MARKS_RATIO, RESULTS, SAME_RATIO, summary, write_result
+from benchmarks.apiserver import ApiServer, Cost
+from benchmarks.common import (
+    FLOOR_SAME,
+    MARKS_RATIO,
+    RESULTS,
+    SAME_RATIO,
+    process_cpu,
+    summary,
+    write_result,
+)
 from benchmarks.floor import FLOOR_CLIENT, WRITE_CONCURRENCY, FloorProcess, Observer, observer
 from benchmarks.harness import (
     Watcher,
@@ -67,23 +75,17 @@ from tests.bed.otel.harness import binary as otel_binary
 MANAGED = "projector.nebari.dev/managed-by=projector"
 
 
-def _cpu(pid: int) -> float:
-    """Process CPU seconds (user + system, every thread) of a running process, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def cpu_when_quiet(pid: int, quiet: float = 0.3, within: float = 30.0) -> float:
     """The process's CPU seconds once it has used none for `quiet` seconds (read from /proc).
 
     Ends the CPU window of a sample without asking the process anything (a /metrics scrape
     would cost it CPU of its own); after `within`, the last reading.
     """
-    last, since = _cpu(pid), time.monotonic()
+    last, since = process_cpu(pid), time.monotonic()
     deadline = since + within
     while time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-        now = _cpu(pid)
+        now = process_cpu(pid)
         if now != last:
             last, since = now, time.monotonic()
         elif time.monotonic() - since >= quiet:
@@ -98,9 +100,19 @@ class Series:
     times: list[float] = field(default_factory=list)
     cpu_per_write: list[float] = field(default_factory=list)
     writes: list[float] = field(default_factory=list)
+    server_cpu_per_copy: list[float] = field(default_factory=list)
+    server_requests_per_copy: list[float] = field(default_factory=list)
     warmup_dropped: int = 0
 
-    def add(self, warmup: bool, seconds: float, cpu: float | None, writes: float) -> None:
+    def add(
+        self,
+        warmup: bool,
+        seconds: float,
+        cpu: float | None,
+        writes: float,
+        cost: tuple[Cost, int] | None = None,
+    ) -> None:
+        """One sample; `cost`: what it cost the API server, and over how many copies."""
         if warmup:
             self.warmup_dropped += 1
             return
@@ -108,6 +120,10 @@ class Series:
         self.writes.append(writes)
         if cpu is not None and writes:
             self.cpu_per_write.append(cpu * 1000 / writes)
+        if cost is not None:
+            spent, copies = cost
+            self.server_cpu_per_copy.append(spent.cpu * 1000 / copies)
+            self.server_requests_per_copy.append(spent.requests / copies)
 
     def result(self, metric: str) -> dict[str, Any]:
         out: dict[str, Any] = {metric: summary(self.times, "ms")}
@@ -116,6 +132,9 @@ class Series:
             out["client_cpu_per_write"] = summary(self.cpu_per_write, "ms")
             out["client_cpu_per_write"]["total_writes"] = sum(self.writes)
             out["client_cpu_per_write"]["values"] = [round(x, 4) for x in self.cpu_per_write]
+        if self.server_cpu_per_copy:
+            out["api_server_cpu_per_copy"] = summary(self.server_cpu_per_copy, "ms")
+            out["api_server_requests_per_copy"] = summary(self.server_requests_per_copy, "")
         return out
 
 
@@ -189,6 +208,7 @@ async def fanout(
     name: str = "",
     peer_blocks: int = 0,
     build_peers: bool = True,
+    peer_names: Sequence[str] = (),
 ) -> Path:
     """1 source -> n namespaces, each system alone in its block, blocks alternating.
 
@@ -197,6 +217,7 @@ async def fanout(
     takes 1 warm-up sample (dropped, counted) and `per_block` samples, then stops it. A sample:
     t0 just before the triggering write is sent (the source update; for the floor, its first
     PUT), t1 the watch event of the last copy with the new value, seen by a Watcher here.
+    `peer_names`: only these peers (default: all).
     """
     tag = f"fan{n}"
     src, targets = f"{tag}-src", [f"{tag}-{i}" for i in range(n)]
@@ -222,6 +243,8 @@ async def fanout(
     if peer_blocks:
         await namespaces(kube, [f"{tag}-peer-src"], {})
         for peer in peers.all_peers():
+            if peer_names and peer.name not in peer_names:
+                continue
             try:
                 if build_peers:
                     peer.ensure_built()
@@ -240,6 +263,7 @@ async def fanout(
 
     async with observer(kubeconfig) as obs:
         await _fanout_blocks(
+            ApiServer.find(kubeconfig),
             kube,
             obs,
             kubeconfig,
@@ -279,6 +303,15 @@ async def fanout(
         s_peer = systems[key]["last_copy"]
         ratios[f"projector/{st.peer.name} p50"] = p["median"] / s_peer["median"]
         ratios[f"{st.peer.name}/floor p50"] = s_peer["median"] / f["median"]
+    server = "api_server_cpu_per_copy"
+    if server in systems["projector"]:  # what each system's copies cost the API server
+        mine = systems["projector"][server]["median"]
+        for key, sys_ in systems.items():
+            if key != "projector" and server in sys_:
+                other = key if key.startswith("floor") else key.split(" ")[0]
+                ratios[f"projector/{other} API server CPU per copy p50"] = (
+                    mine / sys_[server]["median"]
+                )
     if "client_cpu_per_write" in systems["projector"]:
         ratios["projector/floor client CPU per write p50"] = (
             systems["projector"]["client_cpu_per_write"]["median"]
@@ -295,6 +328,7 @@ async def fanout(
             "write_concurrency": WRITE_CONCURRENCY,
             "floor_client": FLOOR_CLIENT,
             "peer_blocks": peer_blocks,
+            "peers_only": list(peer_names),
             "peers_unavailable": unavailable,
         },
         systems,
@@ -303,7 +337,22 @@ async def fanout(
     )
 
 
+async def _idle(api: ApiServer | None) -> None:
+    if api is not None:
+        await api.measure_idle()
+
+
+async def _start(api: ApiServer | None) -> None:
+    if api is not None:
+        await api.start()
+
+
+async def _stop(api: ApiServer | None, copies: int) -> tuple[Cost, int] | None:
+    return None if api is None else (await api.stop(), copies)
+
+
 async def _peer_block(
+    server: ApiServer | None,
     obs: Observer,
     kubeconfig: Path,
     work: Path,
@@ -336,13 +385,16 @@ async def _peer_block(
             st.ready = True
         async with Watcher(obs, f"bench-peer={st.label}", "token") as watch:
             await watch.until(watch.all_equal(copies, st.value), 1200)
+            await _idle(server)
             for i in range(per_block + 1):
                 st.value = values.next()
                 cpu0 = await cpu_when_quiet(proc.pid)
+                await _start(server)
                 t0 = await put_value(obs, st.src, st.name, "token", st.value)
                 t1 = await watch.reached(copies, st.value, 1200)
                 cpu = await cpu_when_quiet(proc.pid) - cpu0
-                st.series.add(i == 0, t1 - t0, cpu, len(copies))
+                cost = await _stop(server, len(copies))
+                st.series.add(i == 0, t1 - t0, cpu, len(copies), cost)
     finally:
         peers.stop(proc)
         api.close()
@@ -530,6 +582,7 @@ def _span_times(file: Path, offset_ns: int) -> dict[str, dict[str, Any]]:
 
 
 async def _fanout_blocks(
+    api: ApiServer | None,
     kube: Kube,
     obs: Observer,
     kubeconfig: Path,
@@ -556,16 +609,19 @@ async def _fanout_blocks(
         ):
             await watch.until(watch.all_equal(copies, values.projector), 600)
             await settle(ctl)
+            await _idle(api)
             for i in range(per_block + 1):
                 value = values.projector = values.next()
                 w0 = ctl.metric("projector_writes_total", action="Update", result="ok")
                 cpu0 = await cpu_when_quiet(ctl.proc.pid)
+                await _start(api)
                 t0 = await put_value(obs, src, "hub", "token", value)
                 t1 = await watch.reached(copies, value, 600)
                 cpu = await cpu_when_quiet(ctl.proc.pid) - cpu0
+                cost = await _stop(api, len(copies))
                 await settle(ctl)
                 w = ctl.metric("projector_writes_total", action="Update", result="ok") - w0
-                proj.add(i == 0, t1 - t0, cpu, w)
+                proj.add(i == 0, t1 - t0, cpu, w, cost)
         # the floors (the one on projector's copies leaves them drifted: projector's next
         # block starts by writing them back, before its samples)
         for fr in floors.values():
@@ -574,21 +630,25 @@ async def _fanout_blocks(
                 Watcher(obs, fr.selector, "token") as fwatch,
             ):
                 await fp.call("load", selector=fr.selector, manager=fr.manager)
+                await _idle(api)
                 for i in range(per_block + 1):
                     floor_value = values.next()
                     # The same quiet gap as projector's samples get (its CPU window's 0.3 s):
                     # back to back, a sample began while the API server still worked off the
                     # last one's writes, and the floor read 55 or 90 ms by turns.
                     await cpu_when_quiet(fp.pid)
+                    await _start(api)
                     r = await fp.call(
                         "fanout", key="token", value=floor_value, concurrency=WRITE_CONCURRENCY
                     )
                     t1 = await fwatch.reached(fr.keys, floor_value, 600)
-                    fr.series.add(i == 0, t1 - r["t0"], r["cpu"], r["writes"])
+                    await cpu_when_quiet(fp.pid)
+                    cost = await _stop(api, len(fr.keys))
+                    fr.series.add(i == 0, t1 - r["t0"], r["cpu"], r["writes"], cost)
         # the peers
         if b < peer_blocks:
             for st in peer_states:
-                await _peer_block(obs, kubeconfig, work, st, tag, targets, per_block, values)
+                await _peer_block(api, obs, kubeconfig, work, st, tag, targets, per_block, values)
 
 
 async def burst(

@@ -169,6 +169,10 @@ class Watcher:
         self.modified: dict[tuple[str, str], int] = {}
         self.since: dict[tuple[str, str], float] = {}
         """When (monotonic, on receipt of its watch event) each Secret got its current value."""
+        self.gone: dict[tuple[str, str], float] = {}
+        """When (likewise) each Secret was last seen deleted."""
+        self.last: tuple[str, str] | None = None
+        """The Secret of the latest event."""
         self._waiters: list[tuple[Callable[[], bool], asyncio.Future[float]]] = []
         self._task: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
@@ -213,8 +217,10 @@ class Watcher:
                 now = time.monotonic()
                 m = o["metadata"]
                 k = (m["namespace"], m["name"])
+                self.last = k
                 if kind == "DELETED":
                     self.values.pop(k, None)
+                    self.gone[k] = now
                 else:
                     if kind == "MODIFIED":
                         self.modified[k] = self.modified.get(k, 0) + 1
@@ -245,8 +251,21 @@ class Watcher:
         return max(self.since[k] for k in ks)
 
     def all_equal(self, keys: Iterable[tuple[str, str]], value: str) -> Callable[[], bool]:
-        ks = list(keys)
-        return lambda: all(self.values.get(k) == value for k in ks)
+        """A condition: every key has reached `value` since now.
+
+        Each event re-checks only its own key (`last`), so waiting for n copies costs O(n),
+        not O(n) per event (25 million checks in the harness at 5,000 copies). Values are
+        unique per sample, so a key that reached it keeps it.
+        """
+        pending = {k for k in keys if self.values.get(k) != value}
+
+        def cond() -> bool:
+            k = self.last
+            if k in pending and self.values.get(k) == value:
+                pending.discard(k)
+            return not pending
+
+        return cond
 
 
 async def wait_ready(c: ControllerProcess, within: float = 120.0) -> float:
@@ -280,10 +299,12 @@ async def controller(
     *extra: str,
     leader_elect: bool = False,
     env: dict[str, str] | None = None,
+    run_as: Path | None = None,
 ) -> AsyncIterator[ControllerProcess]:
+    """The controller, ready; `run_as`: the kubeconfig it runs with (default the admin's)."""
     own_namespace(kubeconfig)
     c = launch(
-        kubeconfig,
+        run_as or kubeconfig,
         log,
         "--log-level=warning",
         *extra,

@@ -118,12 +118,14 @@ How these numbers were taken: `make bench` (`make bench-quick` for small sizes, 
 kube-controller-manager, built from their Go modules, on loopback) and runs each benchmark of
 `benchmarks/` against it. The controller runs as a subprocess (`projector run`, from a runtime-only
 virtualenv, so its memory is what a deployment would use) with its default flags unless a section
-says otherwise; each fan-out runs again without the defaults that add time on purpose
-(`fanout-100-debounce0`: the 50 ms debounce; `fanout-1000-qps0`: the client rate limit;
-`fanout-1000-qps0-debounce0`: both), the target judged on the run without them: the floor waits for
-nothing, so only then does the ratio measure the engine's own cost. Every system uses the same admin
-identity against the same API server in the same run. Each system runs alone in its block (started
-for the block, stopped after it) and blocks alternate (projector, floor, projection,
+says otherwise; each fan-out runs again without the default that adds time on purpose
+(`fanout-N-debounce0`: the 50 ms debounce), the floor target judged on that run: the floor waits for
+nothing, so only then does the ratio measure the engine's own cost; `fanout-1000-qps200` runs with
+the client-side rate limit that was the default before 0.2.0 (200/s after a burst of 400), to show
+what it cost. Every system uses the same admin identity against the same API server in the same run
+(the admin is exempt from API Priority and Fairness; `fairness-5000` runs projector as the chart's
+ServiceAccount instead, with and without the chart's FlowSchema). Each system runs alone in its
+block (started for the block, stopped after it) and blocks alternate (projector, floor, projection,
 kubernetes-replicator, projector, ...), so drifts in machine load hit all alike; the first sample of
 every block is a warm-up, dropped and counted (`warmup_dropped` in the parameters). Times: t0 is
 taken just before the triggering write is sent (the source update; for the floor, its first PUT), t1
@@ -190,9 +192,13 @@ ROWS: dict[str, str] = {
     "fanout-100": "fan-out 1 -> 100, defaults",
     "fanout-100-debounce0": "fan-out 1 -> 100; here `--debounce 0`, the engine's own cost",
     "fanout-1000": "fan-out 1 -> 1,000, defaults",
-    "fanout-1000-qps0": "fan-out 1 -> 1,000; here `--qps 0`, no client rate limit",
-    "fanout-1000-qps0-debounce0": "fan-out 1 -> 1,000; here `--qps 0 --debounce 0`, the engine's "
-    "own cost",
+    "fanout-1000-debounce0": "fan-out 1 -> 1,000; here `--debounce 0`, the engine's own cost",
+    "fanout-1000-qps200": "fan-out 1 -> 1,000; here `--qps 200`, the client rate limit that was "
+    "the default before 0.2.0",
+    "fanout-5000": "fan-out 1 -> 5,000, defaults",
+    "fanout-5000-debounce0": "fan-out 1 -> 5,000; here `--debounce 0`, the engine's own cost",
+    "fairness-5000": "fairness: another client's reads during a fan-out 1 -> 5,000 (APF)",
+    "tenant": "new namespace -> its copy; revocation -> copy gone",
     "cpu-per-write": "whole-process CPU per copy; here projector's, profiled (the peers' are "
     "in fanout-100)",
     "latency": "one change, one copy (debounce 0)",
@@ -545,7 +551,8 @@ def verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else ("pass" if ok else "**FAIL**")
 
 
-QPS, BURST = Config().qps, Config().burst  # projector run's default --qps and --burst
+OLD_QPS, OLD_BURST = 200, Config().burst
+"""The client-side rate limit that was projector's default before 0.2.0 (`fanout-1000-qps200`)."""
 
 
 def burst_design(updates: Any, seconds: Any) -> str:
@@ -598,6 +605,86 @@ def designed_runs(updates: int, seconds: float, config: Config | None = None) ->
     return asyncio.run(run())
 
 
+Files = Callable[..., str]
+
+
+def _peer(doc: dict[str, Any], name: str) -> str | None:
+    return next((s for s in doc.get("systems", {}) if s.startswith(name + " ")), None)
+
+
+def _v(x: Any, unit: str = "") -> str:
+    return "n/a" if x is None else fmt(x, unit)
+
+
+def _p(doc: dict[str, Any], system: str | None, metric: str, key: str = "median") -> Any:
+    if system is None:
+        return None
+    m = doc.get("systems", {}).get(system, {}).get(metric)
+    return None if m is None else m.get(key)
+
+
+def tenant_rows(docs: dict[str, Any], files: Files) -> list[Verdict]:
+    """New namespace -> copy and revocation, projector beside projection (`tenant`)."""
+    doc = docs.get("tenant", {})
+    peer = _peer(doc, "projection")
+    rows: list[Verdict] = []
+    for metric, what in (
+        ("new_namespace", "new namespace -> its copy, one at a time"),
+        ("new_namespace_in_burst", "new namespace -> its copy, 200 created at once"),
+        ("revoked_relabelled", "revocation: namespace relabelled -> copy gone"),
+        ("revoked_grant_deleted", "revocation: grant deleted -> last of 100 copies gone"),
+    ):
+        mine, theirs = _p(doc, "projector", metric), _p(doc, peer, metric)
+        mine99, theirs99 = _p(doc, "projector", metric, "p99"), _p(doc, peer, metric, "p99")
+        ok = None if mine is None or theirs is None else mine < theirs
+        rows.append(
+            (
+                what + ", p50 (p99)",
+                "below projection's, same run",
+                f"projector {_v(mine, 'ms')} ({_v(mine99, 'ms')}), projection "
+                f"{_v(theirs, 'ms')} ({_v(theirs99, 'ms')})",
+                verdict(ok),
+                files("tenant"),
+            )
+        )
+    return rows
+
+
+def fairness_row(docs: dict[str, Any], files: Files) -> Verdict:
+    """Another client's reads during a fan-out, with and without projector's FlowSchema."""
+    name = next((n for n in docs if n.startswith("fairness-")), "fairness-5000")
+    doc = docs.get(name, {})
+    parts, ok = [], []
+    for mode in ("with FlowSchema", "without FlowSchema"):
+        r = doc.get("systems", {}).get(f"projector ({mode})")
+        if r is None:
+            continue
+        bits = []
+        for verb in ("GET", "LIST"):
+            idle, during = r[f"probe_{verb}_idle"], r[f"probe_{verb}_during_fanout"]
+            if "p99" in idle and "p99" in during:
+                bits.append(f"{verb} p99 {fmt(idle['p99'], 'ms')} -> {fmt(during['p99'], 'ms')}")
+                if mode == "with FlowSchema":
+                    ok.append(during["p99"] <= FAIRNESS_P99_MS)
+        parts.append(
+            f"{mode}: " + ", ".join(bits) + f"; {r['copy_puts_429']:g} PUTs answered 429, "
+            f"{r['copies_written']:g} copies written with {r['copy_puts']:g} PUTs"
+        )
+    size = doc.get("parameters", {}).get("namespaces")
+    return (
+        f"another client's reads during a fan-out to {_v(size)} namespaces",
+        f"probe p99 <= {FAIRNESS_P99_MS} ms with the FlowSchema; no write lost or retried "
+        "beyond the 429s",
+        "; ".join(parts) or "n/a",
+        verdict(all(ok) if ok else None),
+        files(name),
+    )
+
+
+FAIRNESS_P99_MS = 100
+"""The bound on another client's GET and LIST p99 during a fan-out (projector's FlowSchema on)."""
+
+
 PLAIN = "plain floor (2 write+watch round trips, stdlib sync client)"
 POD_METRIC = "source_write_to_file_in_pod"
 
@@ -643,6 +730,23 @@ def targets(docs: dict[str, Any], results: Path = RESULTS) -> list[str]:
     def peer_key(name: str, peer: str) -> str | None:
         return next((s for s in docs.get(name, {}).get("systems", {}) if s.startswith(peer)), None)
 
+    def defaults_vs_peer(n: int) -> Verdict:
+        """Projector against projection, both at their defaults, at one fan-out size."""
+        name = f"fanout-{n}"
+        key = peer_key(name, "projection ")
+        mine = _get(docs, name, "projector", "last_copy")
+        mine99 = _get(docs, name, "projector", "last_copy", "p99")
+        theirs = _get(docs, name, key, "last_copy") if key else None
+        theirs99 = _get(docs, name, key, "last_copy", "p99") if key else None
+        return (
+            f"fan-out 1 -> {n:,}, last copy, p50 (p99)",
+            "below projection's at the defaults, same run",
+            f"projector {v(mine, 'ms')} ({v(mine99, 'ms')}), projection {v(theirs, 'ms')} "
+            f"({v(theirs99, 'ms')}): {v(ratio(name, 'projector/projection p50'))} x",
+            verdict(both(check(mine, lambda _: True), check(theirs, lambda x: mine < x))),
+            files(name),
+        )
+
     lat0 = "projector (debounce 0)"
     hot = "plan_per_namespace_"
     f100 = "fanout-100"
@@ -653,13 +757,13 @@ def targets(docs: dict[str, Any], results: Path = RESULTS) -> list[str]:
     repl_key = peer_key(f100, "kubernetes-replicator")
     repl_p50 = _get(docs, f100, repl_key, "last_copy") if repl_key else None
     f100d = "fanout-100-debounce0"
-    f1000qd = "fanout-1000-qps0-debounce0"
+    f1000d = "fanout-1000-debounce0"
     rlat = ratio("latency", lat0 + " / floor p50")
     lat_p99 = _get(docs, "latency", lat0, "end_to_end", "p99")
     cpu100 = _get(docs, f100, "projector", "client_cpu_per_write")
     cpu1000 = _get(docs, "fanout-1000", "projector", "client_cpu_per_write")
-    cpu1000q = _get(docs, "fanout-1000-qps0", "projector", "client_cpu_per_write")
-    bucket_ms = max(0, 1_000 - BURST) / QPS * 1000
+    cpu5000 = _get(docs, "fanout-5000", "projector", "client_cpu_per_write")
+    bucket_ms = max(0, 1_000 - OLD_BURST) / OLD_QPS * 1000
     pod = docs.get("pod-latency", {}).get("ratios", {}).get("projector / bare write p50")
     pod_p50 = _get(docs, "pod-latency", "projector", POD_METRIC)
     bare_p50 = _get(docs, "pod-latency", "bare write", POD_METRIC)
@@ -722,21 +826,23 @@ def targets(docs: dict[str, Any], results: Path = RESULTS) -> list[str]:
             verdict(check(ratio(f100d, SAME_RATIO), lambda x: x <= 1.25)),
             files(f100d, f100),
         ),
+        *(defaults_vs_peer(n) for n in (1_000, 5_000)),
         (
             "fan-out 1 -> 1,000, p50",
-            "<= 1.25 x the floor, `--qps 0` (and `--debounce 0`)",
-            f"{fan_floors(f1000qd, '--qps 0 --debounce 0')}; beside it, "
-            f"{v(ratio('fanout-1000-qps0', SAME_RATIO))} x with --qps 0 and the default 50 ms "
-            f"debounce (projector "
-            f"{v(_get(docs, 'fanout-1000-qps0', 'projector', 'last_copy'), 'ms')}; "
-            f"{verdict(check(ratio('fanout-1000-qps0', SAME_RATIO), lambda x: x <= 1.25))} on "
-            f"that run), and {v(ratio('fanout-1000', SAME_RATIO))} x with the default client "
-            f"rate limit (projector "
-            f"{v(_get(docs, 'fanout-1000', 'projector', 'last_copy'), 'ms')}; the token bucket "
-            f"alone allows no less than {v(bucket_ms, 'ms')}: (1,000 - {BURST}) / {QPS:g} per s)",
-            verdict(check(ratio(f1000qd, SAME_RATIO), lambda x: x <= 1.25)),
-            files("fanout-1000", "fanout-1000-qps0", f1000qd),
+            "<= 1.25 x the floor, `--debounce 0`",
+            f"{fan_floors(f1000d, '--debounce 0')}; beside it, "
+            f"{v(ratio('fanout-1000', SAME_RATIO))} x at the defaults (projector "
+            f"{v(_get(docs, 'fanout-1000', 'projector', 'last_copy'), 'ms')}), and "
+            f"{v(ratio('fanout-1000-qps200', SAME_RATIO))} x with the client rate limit that was "
+            "the default before 0.2.0 (projector "
+            f"{v(_get(docs, 'fanout-1000-qps200', 'projector', 'last_copy'), 'ms')}; the token "
+            f"bucket alone allows no less than {v(bucket_ms, 'ms')}: (1,000 - {OLD_BURST}) / "
+            f"{OLD_QPS:g} per s)",
+            verdict(check(ratio(f1000d, SAME_RATIO), lambda x: x <= 1.25)),
+            files("fanout-1000", f1000d, "fanout-1000-qps200"),
         ),
+        *tenant_rows(docs, files),
+        fairness_row(docs, files),
         (
             "one change, one copy (debounce 0)",
             "p50 <= 1.3 x two write+watch round trips; p99 <= 25 ms",
@@ -752,14 +858,14 @@ def targets(docs: dict[str, Any], results: Path = RESULTS) -> list[str]:
             "client CPU per write (projector)",
             "<= 0.6 ms",
             f"p50 {v(cpu100, 'ms')} (1 -> 100), {v(cpu1000, 'ms')} (1 -> 1,000), "
-            f"{v(cpu1000q, 'ms')} (1 -> 1,000, --qps 0); floor {v(fcpu100, 'ms')}",
+            f"{v(cpu5000, 'ms')} (1 -> 5,000); floor {v(fcpu100, 'ms')}",
             verdict(
                 both(
                     check(cpu100, lambda x: x <= 0.6),
-                    *[check(x, lambda x: x <= 0.6) for x in (cpu1000, cpu1000q) if x is not None],
+                    *[check(x, lambda x: x <= 0.6) for x in (cpu1000, cpu5000) if x is not None],
                 )
             ),
-            files(f100, "fanout-1000", "fanout-1000-qps0"),
+            files(f100, "fanout-1000", "fanout-5000"),
         ),
         (
             "burst: 1,000 updates in ~1 s, 100 copies",

@@ -22,6 +22,8 @@ EXPECTED = {
     "hostile-input",
     "fanout-5",
     "fanout-5-debounce0",
+    "tenant",
+    "fairness-5",
     "latency",
     "burst",
     "failover",
@@ -66,7 +68,22 @@ def test_benchmarks_run_at_tiny_sizes(tiny: Path) -> None:
         assert fanout["systems"][system]["last_copy"]["samples"] >= 1
         assert fanout["systems"][system]["client_cpu_per_write"]["samples"] >= 1
         assert fanout["parameters"]["warmup_dropped"][system] >= 1
+        # the API server's own cost (its process is on this machine: found by its port)
+        assert fanout["systems"][system]["api_server_requests_per_copy"]["median"] >= 1
+        assert fanout["systems"][system]["api_server_cpu_per_copy"]["samples"] >= 1
     assert load(tiny, "fanout-5-debounce0")["parameters"]["flags"] == ["--debounce=0"]
+    tenant = load(tiny, "tenant")["systems"]["projector"]
+    for metric in ("new_namespace", "new_namespace_in_burst", "burst_last_copy"):
+        assert tenant[metric]["samples"] >= 1, metric
+    for metric in ("revoked_relabelled", "revoked_grant_deleted"):
+        assert tenant[metric]["samples"] >= 1, metric
+    fair = load(tiny, "fairness-5")["systems"]
+    with_apf, without = fair["projector (with FlowSchema)"], fair["projector (without FlowSchema)"]
+    assert with_apf["projector_level"] == "projector"  # its requests served in its own level
+    assert without["projector_level"] == "workload-low"
+    for mode in (with_apf, without):
+        assert mode["copies_written"] == 5 and mode["probe_levels"] == ["workload-low"]
+        assert mode["probe_GET_idle"]["samples"] >= 1
     for peer in all_peers():
         present = any(s.startswith(f"{peer.name} ") for s in fanout["systems"])
         assert present or peer.name in fanout["parameters"]["peers_unavailable"], peer.name

@@ -598,9 +598,9 @@ PF_LEVEL = "X-Kubernetes-PF-PriorityLevel-UID"
 
 
 def served_by(request: Callable[[], Any]) -> str:
-    """The uid of the priority level that served `request` (an ..._with_http_info call)."""
+    """The uid of the priority level that served `request` (a call answering its response)."""
     try:
-        _, _, headers = request()
+        headers = request().headers
     except client.ApiException as e:  # a 404 is served by a level too
         headers = e.headers
     return str(headers[PF_LEVEL])
@@ -671,9 +671,9 @@ def test_helm_install_upgrade_uninstall_on_a_real_api_server(
         # API Priority and Fairness: its requests are served in its own bounded level, its
         # Lease requests in leader-election, as the chart's FlowSchemas say
         uids, as_sa = levels(fresh_api), api_client(kubeconfig)
-        secrets = client.CoreV1Api(as_sa).list_namespaced_secret_with_http_info
+        secrets = client.CoreV1Api(as_sa).list_namespaced_secret
         assert served_by(lambda: secrets(dst, _preload_content=False)) == uids[RELEASE]
-        lease = client.CoordinationV1Api(as_sa).read_namespaced_lease_with_http_info
+        lease = client.CoordinationV1Api(as_sa).read_namespaced_lease
         served = served_by(lambda: lease("projector-leader", NAMESPACE, _preload_content=False))
         assert served == uids["leader-election"]
         as_sa.close()

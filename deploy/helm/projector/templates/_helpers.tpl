@@ -64,3 +64,11 @@ controller's --protected-namespaces and the admission policy both read this one 
 {{- define "projector.protectedNamespaces" -}}
 {{- concat .Values.protectedNamespaces (list .Release.Namespace) | uniq | join "," }}
 {{- end }}
+
+{{/* projector's ServiceAccount as a FlowSchema subject. */}}
+{{- define "projector.flowSubject" -}}
+kind: ServiceAccount
+serviceAccount:
+  name: {{ include "projector.serviceAccountName" . }}
+  namespace: {{ .Release.Namespace }}
+{{- end }}
