@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import e2e, failover, fairness, hostile, hotpath, scaling, tenant
+from benchmarks import coldstart, e2e, failover, fairness, hostile, hotpath, scaling, tenant
 from benchmarks.common import RESULTS
 from benchmarks.harness import control_plane
 from projector.client.kube import Kube
@@ -37,6 +37,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "peers_only": {1_000: ("projection",), 5_000: ("projection",)},
         "tenant": tenant.Sizes(single=30, burst=200, relabel=30, fan=100, deletes=3),
         "fairness": (5_000, 3, 5.0),
+        "coldstart": ((10_000, 50_000, 100_000), 3),
         "build_peers": True,
         "latency": (10, 30, 20.0),
         "burst": (1_000, 100),
@@ -59,6 +60,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "peers_only": {},
         "tenant": tenant.Sizes(single=10, burst=50, relabel=10, fan=50, deletes=2),
         "fairness": (1_000, 2, 3.0),
+        "coldstart": ((2_000, 5_000), 2),
         "build_peers": True,
         "latency": (4, 20, 20.0),
         "burst": (1_000, 100),
@@ -81,6 +83,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "peers_only": {},
         "tenant": tenant.Sizes(single=2, burst=3, relabel=2, fan=3, deletes=1),
         "fairness": (5, 1, 0.5),
+        "coldstart": ((1_000,), 1),
         "build_peers": False,
         "latency": (1, 2, 20.0),
         "burst": (20, 3),
@@ -150,6 +153,9 @@ async def run_e2e(
             paths.extend(
                 await e2e.restart_and_memory(kube, kubeconfig, work, g, ns, per, unrelated, out)
             )
+        if "coldstart" in only:  # its 100,000 copies stay: after everything but scaling
+            sizes, rounds = size["coldstart"]
+            paths.append(await coldstart.run(kube, kubeconfig, work, sizes, rounds, out))
         if "scaling" in only:  # last: its objects stay in the cluster
             paths.append(await scaling.run(kube, kubeconfig, work, size["scaling"], out))
     finally:
@@ -168,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--only",
-        default="hotpath,hostile,fanout,tenant,fairness,latency,burst,failover,restart,scaling",
+        default="hotpath,hostile,fanout,tenant,fairness,latency,burst,failover,restart,coldstart,"
+        "scaling",
     )
     p.add_argument(
         "--fanout",

@@ -203,6 +203,8 @@ ROWS: dict[str, str] = {
     "in fanout-100)",
     "latency": "one change, one copy (debounce 0)",
     "restart": "restart over synced copies",
+    "restart-floor": "restart over synced copies, to 100,000, beside the same lists by a bare "
+    "client",
     "scaling": "restart over synced copies, and memory, at growing sizes",
     "burst": "burst: 1,000 source updates, 100 copies",
     "memory": "memory: idle, 1,000 grants and 10,000 copies, + unrelated Secrets",
@@ -681,6 +683,45 @@ def fairness_row(docs: dict[str, Any], files: Files) -> Verdict:
     )
 
 
+def server_cost_row(docs: dict[str, Any], files: Files) -> Verdict:
+    """What a copy costs the API server: its CPU and requests, projector beside projection."""
+    name = "fanout-1000"
+    doc = docs.get(name, {})
+    peer = _peer(doc, "projection")
+    cpu = "api_server_cpu_per_copy"
+    req = "api_server_requests_per_copy"
+    mine, theirs = _p(doc, "projector", cpu), _p(doc, peer, cpu)
+    floor, same = _p(doc, "floor", cpu), _p(doc, FLOOR_SAME, cpu)
+    return (
+        "API server CPU per copy written, fan-out 1 -> 1,000, p50",
+        "no more than projection's",
+        f"projector {_v(mine, 'ms')} ({_v(_p(doc, 'projector', req))} requests per copy), "
+        f"projection {_v(theirs, 'ms')} ({_v(_p(doc, peer, req))}); the floor writing "
+        f"projector's copy bodies {_v(same, 'ms')}, on minimal Secrets {_v(floor, 'ms')}",
+        verdict(None if mine is None or theirs is None else mine <= theirs),
+        files(name),
+    )
+
+
+def restart_floor_row(docs: dict[str, Any], files: Files) -> Verdict:
+    """A replica's cold start against the same lists by a bare client, at every size."""
+    points = docs.get("restart-floor", {}).get("points", [])
+    parts = [
+        f"{p['copies_in_cluster']:,} copies: settled {fmt(p['settled_s']['median'], 's')} "
+        f"(ready {fmt(p['ready_s']['median'], 's')}), floor {fmt(p['floor_s']['median'], 's')}, "
+        f"{fmt(p['settled/floor p50'])} x, {sum(p['writes']):g} writes"
+        for p in points
+    ]
+    ok = [p["settled/floor p50"] <= 1.5 and not any(p["writes"]) for p in points]
+    return (
+        "restart over synced copies, to 100,000",
+        "settled <= 1.5 x the same lists by a bare client; 0 writes",
+        "; ".join(parts) or "n/a",
+        verdict(all(ok) if ok else None),
+        files("restart-floor"),
+    )
+
+
 FAIRNESS_P99_MS = 100
 """The bound on another client's GET and LIST p99 during a fan-out (projector's FlowSchema on)."""
 
@@ -841,8 +882,10 @@ def targets(docs: dict[str, Any], results: Path = RESULTS) -> list[str]:
             verdict(check(ratio(f1000d, SAME_RATIO), lambda x: x <= 1.25)),
             files("fanout-1000", f1000d, "fanout-1000-qps200"),
         ),
+        server_cost_row(docs, files),
         *tenant_rows(docs, files),
         fairness_row(docs, files),
+        restart_floor_row(docs, files),
         (
             "one change, one copy (debounce 0)",
             "p50 <= 1.3 x two write+watch round trips; p99 <= 25 ms",

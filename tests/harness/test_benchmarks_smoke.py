@@ -29,6 +29,7 @@ EXPECTED = {
     "failover",
     "restart",
     "memory",
+    "restart-floor",
     "scaling",
 }
 
@@ -58,6 +59,8 @@ def test_benchmarks_run_at_tiny_sizes(tiny: Path) -> None:
     assert burst["systems"]["projector"]["final_state_exact"]["value"] is True
     restart = load(tiny, "restart")
     assert restart["systems"]["projector"]["writes_after_restart"]["value"] == 0
+    (cold,) = load(tiny, "restart-floor")["points"]
+    assert cold["writes"] == [0] and cold["objects_listed"] >= cold["copies_in_cluster"]
     scaling = load(tiny, "scaling")
     for axis in ("namespaces", "grants", "copies", "unrelated"):
         assert scaling["axes"][axis], axis
