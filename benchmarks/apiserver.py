@@ -4,8 +4,11 @@ The kube-apiserver of the plane is found by its `--secure-port` (the kubeconfig'
 /proc; its CPU is read from /proc (user + system, every thread), its requests from its own
 `apiserver_request_total` (every verb but WATCH, read through its /metrics with the admin's
 credentials). A sample reads the counters before its CPU window opens and after it closes, so
-the scrape itself (megabytes of text) is never counted; the API server's idle CPU rate, measured
-over `IDLE` seconds before each block, is subtracted for the window's length.
+the scrape itself (megabytes of text) is never counted; the API server's idle CPU rate (its
+other clients: the controller manager, the watches' bookmarks), measured over `IDLE` seconds
+just before each sample, once the system under test has gone quiet, is subtracted for the
+window's length. (Measured once per block instead, it caught a peer's start-up still settling
+and made its copies look cheaper than the floor's.)
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import aiohttp
 from benchmarks.common import process_cpu
 from benchmarks.floor import ssl_and_headers
 
-IDLE = 1.0
+IDLE = 0.5
 _REQUEST = re.compile(rb"^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$", re.M)
 
 
@@ -82,13 +85,11 @@ class ApiServer:
             if b'verb="WATCH"' not in labels
         )
 
-    async def measure_idle(self) -> None:
-        """The API server's CPU rate with nothing asked of it by the benchmark."""
+    async def start(self) -> None:
+        """Open a sample's window, first measuring the API server's idle CPU rate."""
         c0, t0 = process_cpu(self.pid), time.monotonic()
         await asyncio.sleep(IDLE)
         self.idle_rate = (process_cpu(self.pid) - c0) / (time.monotonic() - t0)
-
-    async def start(self) -> None:
         self._req0 = await self.requests()
         self._cpu0, self._t0 = process_cpu(self.pid), time.monotonic()
 

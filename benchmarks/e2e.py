@@ -337,11 +337,6 @@ async def fanout(
     )
 
 
-async def _idle(api: ApiServer | None) -> None:
-    if api is not None:
-        await api.measure_idle()
-
-
 async def _start(api: ApiServer | None) -> None:
     if api is not None:
         await api.start()
@@ -385,7 +380,6 @@ async def _peer_block(
             st.ready = True
         async with Watcher(obs, f"bench-peer={st.label}", "token") as watch:
             await watch.until(watch.all_equal(copies, st.value), 1200)
-            await _idle(server)
             for i in range(per_block + 1):
                 st.value = values.next()
                 cpu0 = await cpu_when_quiet(proc.pid)
@@ -609,7 +603,6 @@ async def _fanout_blocks(
         ):
             await watch.until(watch.all_equal(copies, values.projector), 600)
             await settle(ctl)
-            await _idle(api)
             for i in range(per_block + 1):
                 value = values.projector = values.next()
                 w0 = ctl.metric("projector_writes_total", action="Update", result="ok")
@@ -630,7 +623,6 @@ async def _fanout_blocks(
                 Watcher(obs, fr.selector, "token") as fwatch,
             ):
                 await fp.call("load", selector=fr.selector, manager=fr.manager)
-                await _idle(api)
                 for i in range(per_block + 1):
                     floor_value = values.next()
                     # The same quiet gap as projector's samples get (its CPU window's 0.3 s):

@@ -198,13 +198,13 @@ ROWS: dict[str, str] = {
     "fanout-5000": "fan-out 1 -> 5,000, defaults",
     "fanout-5000-debounce0": "fan-out 1 -> 5,000; here `--debounce 0`, the engine's own cost",
     "fairness-5000": "fairness: another client's reads during a fan-out 1 -> 5,000 (APF)",
-    "tenant": "new namespace -> its copy; revocation -> copy gone",
     "cpu-per-write": "whole-process CPU per copy; here projector's, profiled (the peers' are "
     "in fanout-100)",
     "latency": "one change, one copy (debounce 0)",
-    "restart": "restart over synced copies",
+    "tenant": "new namespace -> its copy; revocation -> copy gone",
     "restart-floor": "restart over synced copies, to 100,000, beside the same lists by a bare "
     "client",
+    "restart": "restart over synced copies",
     "scaling": "restart over synced copies, and memory, at growing sizes",
     "burst": "burst: 1,000 source updates, 100 copies",
     "memory": "memory: idle, 1,000 grants and 10,000 copies, + unrelated Secrets",
@@ -667,7 +667,8 @@ def fairness_row(docs: dict[str, Any], files: Files) -> Verdict:
             if "p99" in idle and "p99" in during:
                 bits.append(f"{verb} p99 {fmt(idle['p99'], 'ms')} -> {fmt(during['p99'], 'ms')}")
                 if mode == "with FlowSchema":
-                    ok.append(during["p99"] <= FAIRNESS_P99_MS)
+                    ok.append(during["p99"] <= FAIRNESS_P99_MS[verb])
+        ok.append(r["copy_puts"] == r["copies_written"] + r["copy_puts_429"])
         parts.append(
             f"{mode}: " + ", ".join(bits) + f"; {r['copy_puts_429']:g} PUTs answered 429, "
             f"{r['copies_written']:g} copies written with {r['copy_puts']:g} PUTs"
@@ -675,8 +676,8 @@ def fairness_row(docs: dict[str, Any], files: Files) -> Verdict:
     size = doc.get("parameters", {}).get("namespaces")
     return (
         f"another client's reads during a fan-out to {_v(size)} namespaces",
-        f"probe p99 <= {FAIRNESS_P99_MS} ms with the FlowSchema; no write lost or retried "
-        "beyond the 429s",
+        f"with the FlowSchema, the probe's GET p99 <= {FAIRNESS_P99_MS['GET']} ms and LIST p99 "
+        f"<= {FAIRNESS_P99_MS['LIST']} ms; no write lost or retried beyond the 429s",
         "; ".join(parts) or "n/a",
         verdict(all(ok) if ok else None),
         files(name),
@@ -722,8 +723,10 @@ def restart_floor_row(docs: dict[str, Any], files: Files) -> Verdict:
     )
 
 
-FAIRNESS_P99_MS = 100
-"""The bound on another client's GET and LIST p99 during a fan-out (projector's FlowSchema on)."""
+FAIRNESS_P99_MS = {"GET": 100, "LIST": 250}
+"""The bounds on another client's p99 during a fan-out to 5,000, projector's FlowSchema on, on
+this 2-core machine: a GET of one Secret, and a LIST of 50 (a consistent list, which waits for
+etcd's progress notification: 58 ms at p50 with the API server idle)."""
 
 
 PLAIN = "plain floor (2 write+watch round trips, stdlib sync client)"
