@@ -227,27 +227,60 @@ def order(name: str) -> tuple[int, str]:
 SUMMARY_COMMIT = "1394807"
 SUMMARY = """
 Every figure of this summary is from one full `make bench` on commit `1394807` (2026-12-04, 45 min
-with the 30 rotations on the node); every target of the Targets table at the end passes, the
-fan-out ones against the floor that writes projector's own copy bodies (against minimal Secrets,
-1 -> 100 is 1.34x). This host's speed moves by up to 3x between days, so read the ratios, not the
-absolute times. Medians:
-
+with the 30 rotations on the node), except those of the rows issue 38 added or changed (fan-out
+to 1,000 and 5,000 at the defaults, the API server's cost per copy, new namespace -> copy,
+revocation, fairness, restart against its floor): those are from `python -m benchmarks full
+--only fanout,tenant,fairness,coldstart --fanout 1000,5000` at `d85d8ce` (tenant, fairness,
+restart floor) and `python -m benchmarks full --only fanout --fanout 1000,5000` at `61da9fc`
+(the fan-outs), both on 2026-12-05. Every target of the Targets table at the end passes but two,
+said below; the fan-out ones are judged against the floor that writes projector's own copy
+bodies (against minimal Secrets, 1 -> 100 is 1.34x). This host's speed moves by up to 3x between
+days, so read the ratios, not the absolute times. Medians:
 - fan-out 1 -> 100, last copy: projector 130 ms, projection (Go) 144 ms (0.90x),
   kubernetes-replicator v2.12.4 19.6 s (`fanout-100`). With `--debounce 0` (the default 50 ms
   debounce is the rest): 75.5 ms, **1.17x** the floor that PUTs projector's own copy bodies
   (64.8 ms: the same labels, annotations and field manager, the least any controller writes to
   produce these copies; target 1.25x), and 1.34x a floor on minimal Secrets (56.5 ms): the
   copies' ownership marks cost the API server 1.15x (`fanout-100-debounce0`);
-- fan-out 1 -> 1,000 (5 samples each): with `--qps 0 --debounce 0`, 786 ms, **1.05x** the
-  same-bodies floor (748 ms; target 1.25x), 1.17x the minimal one (`fanout-1000-qps0-debounce0`).
-  With `--qps 0` and the 50 ms debounce, 923 ms, 1.32x (`fanout-1000-qps0`: 137 ms above the
-  debounce-0 run over 5 samples each; traced again on one plane, the two differ by the
-  debounce's 50 ms before the reconcile starts and nothing after it). With the default client
-  rate limit of 200/s after a burst of 400, 4.31 s; that limit alone allows no less than 3 s,
-  and projection, which has none, took 1.50 s (DESIGN §8 asks for less than projection's at the
-  defaults: not met at this size). Why the default is what it is: a fan-out of up to 400 copies
-  never waits on it, and one controller cannot take every write seat of a small control plane
-  (`--qps` in projector's config) (`fanout-1000`, with kubernetes-replicator at 200 s);
+- fan-out 1 -> 1,000, both at their defaults (5 samples each): projector 1,033 ms (p99
+  1,321 ms), projection 1,587 ms (2,053 ms): **0.65x** (`fanout-1000`). The client-side rate
+  limit that was the default before 0.2.0 (200/s after a burst of 400) made it 3,576 ms
+  (`fanout-1000-qps200`): projector now has none, and the chart's FlowSchema bounds it on the
+  API server instead (below). With `--debounce 0`, 1,045 ms, **1.32x** the floor writing
+  projector's copy bodies (794 ms) in this run, over the 1.25x target; the run before it, on
+  the same day, measured 752 ms against 630 ms, 1.19x (`fanout-1000-debounce0`);
+- fan-out 1 -> 5,000 at the defaults (3 samples each): projector 5,230 ms (p99 7,010 ms),
+  projection 8,919 ms (9,738 ms): **0.59x**; 1.05x the same-bodies floor (4,969 ms)
+  (`fanout-5000`);
+- what a copy costs the API server (its process's CPU from /proc over each sample, its idle
+  rate subtracted; its own request counter): at 1 -> 1,000, projector **1.24 ms** and 1.01
+  requests per copy (its status patch and Event amortised over the fan-out), projection
+  2.47 ms and 3.0 requests (0.50x); the floor on projector's copy bodies 1.11 ms, on minimal
+  Secrets 1.14 ms, so the copies' ownership marks cost the server nothing this measure can
+  tell (0.98x here, 1.15x at 5,000, where projector is 1.32 ms and projection 2.70 ms);
+- new namespace -> its copy (a selector grant; `tenant`): projector **13.0 ms** (p99 29.2 ms),
+  projection 66.6 ms (116.9 ms), over 30 namespaces one at a time; 200 created at once (32
+  creates in flight): each 108 ms (194 ms) against 196 ms (271 ms), the last copy 262 ms
+  after the first create against 399 ms;
+- revocation under delete-on-revoke (`tenant`): a namespace relabelled -> its copy gone
+  **11.2 ms** (p99 16.7 ms) against projection's 104 ms (190 ms); a grant deleted -> the last
+  of its 100 copies gone 101 ms against 375 ms. `projector_revocation_seconds` and the alert
+  ProjectorRevocationsLagging watch it in a cluster;
+- fairness (`fairness-5000`, projector as the chart's ServiceAccount, so API Priority and
+  Fairness applies to it): during fan-outs to 5,000 namespaces, another ServiceAccount's GET
+  p99 went from 11 ms idle to 85 ms with the chart's FlowSchema (102 ms without it), its LIST
+  of 50 Secrets p99 from 59 ms to 205 ms (231 ms); 15,000 copies written with 15,000 PUTs in
+  each mode, no 429. On 2 cores the rise is the API server's CPU shared with the writes, not
+  its seats: projector's 32 concurrent writes fit in its level;
+- restart against its floor (`restart-floor`, [scaling](scaling.md#restart-against-its-floor)):
+  a new replica over 15,000 / 55,000 / 105,000 copies settles (every grant planned, 0 writes)
+  in 3.73 / 32.9 / 76.5 s, where the same LIST requests by a bare client take 2.16 / 25.1 /
+  57.8 s: **1.73x / 1.31x / 1.32x**. The smallest misses the 1.5x target by the process's own
+  start (0.95 s to import `projector.app`, which the bare client does not pay). The floor
+  itself passes 10 s between 15,000 and 55,000 copies, and grows faster than the lists (0.08 ms
+  per object listed at 15,000, 0.49 ms at 105,000; copies are listed 20 a page, since one may
+  hold 1 MiB): a cluster of that size runs the chart's two replicas, whose standby's caches
+  are warm, so a failover lists nothing;
 - one change, one copy (debounce 0): 3.87 ms, **1.10x** two write+watch round trips on the
   floor's client (3.51 ms, 0.36 ms added) and 0.99x a plain stdlib client's (3.92 ms); p99
   6.28 ms (targets 1.3x and 25 ms) (`latency`);
@@ -1029,17 +1062,24 @@ def targets(docs: dict[str, Any], results: Path = RESULTS) -> list[str]:
         "|---|---|---|---|---|",
     ]
     lines += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows]
-    bugs = [
-        f"`{name}`: {k} = {fmt(x)}"
+    below = [
+        (k == MARKS_RATIO, f"`{name}`: {k} = {fmt(x)}")
         for name, doc in docs.items()
         for k, x in doc.get("ratios", {}).items()
         if "/floor p50" in k and "CPU" not in k and isinstance(x, float) and x < 1
     ]
-    if bugs:
+    if bugs := [b for marks, b in below if not marks]:
         lines += [
             "",
             "**Benchmark bug:** a ratio below 1 against the floor (a physical limit): "
             + "; ".join(bugs),
+        ]
+    if noise := [b for marks, b in below if marks]:  # two floors, neither the system's
+        lines += [
+            "",
+            "**Within noise:** the floor on projector's copy bodies ran faster than the one on "
+            "minimal Secrets, though it writes more: what the ownership marks cost is below "
+            "what these samples resolve: " + "; ".join(noise),
         ]
     return lines
 
