@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -51,7 +52,7 @@ from projector.core.model import GRANT_LABEL
 from tests.bed.controlplane.plane import kubeconfig_dict, write_kubeconfig
 from tests.bed.helm import chart
 from tests.bed.kube import request_token
-from tests.bed.launcher import REPO
+from tests.bed.launcher import REPO, ControllerProcess
 
 APF = ("FlowSchema", "PriorityLevelConfiguration")
 PROBE = "bench-probe"
@@ -192,6 +193,18 @@ async def _until_served_by(kubeconfig: Path, api: k8s.ApiClient, level: str) -> 
     raise TimeoutError(f"requests never served by {level}")
 
 
+def _counts(c: ControllerProcess) -> tuple[float, float, float]:
+    """projector's copy PUTs so far, those the API server answered 429, and its copy updates."""
+    puts = functools.partial(
+        c.metric, "projector_api_requests_total", verb="UPDATE", resource="secrets"
+    )
+    return (
+        puts(),
+        puts(code="429"),
+        c.metric("projector_writes_total", action="Update", result="ok"),
+    )
+
+
 def _stats(samples: list[float]) -> dict[str, Any]:
     return summary([s * 1000 for s in samples], "ms") if samples else {"samples": 0}
 
@@ -252,11 +265,7 @@ async def _run(
                 kubeconfig, work / f"{tag}-{installed}.log", run_as=as_projector
             ) as c:
                 await watch.until(watch.all_equal(copies, values.current), 600)
-                puts0 = c.metric("projector_api_requests_total", verb="UPDATE", resource="secrets")
-                throttled0 = c.metric(
-                    "projector_api_requests_total", verb="UPDATE", resource="secrets", code="429"
-                )
-                written0 = c.metric("projector_writes_total", action="Update", result="ok")
+                before = _counts(c)
                 async with probing(probe):
                     t_idle = time.monotonic()
                     await asyncio.sleep(idle_seconds)  # the probe's baseline, the API server idle
@@ -268,22 +277,7 @@ async def _run(
                         t1 = await watch.reached(copies, value, 600)
                         windows.append((t0, t1))
                         times.append((t1 - t0) * 1000)
-                puts = (
-                    c.metric("projector_api_requests_total", verb="UPDATE", resource="secrets")
-                    - puts0
-                )
-                throttled = (
-                    c.metric(
-                        "projector_api_requests_total",
-                        verb="UPDATE",
-                        resource="secrets",
-                        code="429",
-                    )
-                    - throttled0
-                )
-                written = (
-                    c.metric("projector_writes_total", action="Update", result="ok") - written0
-                )
+                puts, throttled, written = (x - y for x, y in zip(_counts(c), before, strict=True))
             for verb in ("GET", "LIST"):
                 idle = probe.between(t_idle, idle_end, verb)
                 during = [s for t0, t1 in windows for s in probe.between(t0, t1, verb)]

@@ -55,6 +55,8 @@ WITHIN = 120.0
 
 @dataclass(frozen=True)
 class Sizes:
+    """Samples of each measure (see the module's docstring)."""
+
     single: int = 30
     burst: int = 200
     relabel: int = 30
@@ -67,7 +69,6 @@ class Results:
     """One system's samples, in ms."""
 
     metrics: dict[str, list[float]] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
 
     def add(self, metric: str, seconds: float) -> None:
         self.metrics.setdefault(metric, []).append(seconds * 1000)

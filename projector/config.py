@@ -70,7 +70,7 @@ class Config:
     requests in its priority level, and the chart puts projector's ServiceAccount in a bounded
     level of its own (its FlowSchema). A 429 from it is honoured with its Retry-After. A client
     token bucket on top only slowed fan-outs: at 200/s after a burst of 400, a 1 -> 1,000
-    fan-out took no less than 3 s (4.3 s measured, against 0.9 s without it and 1.5 s for the
+    fan-out took no less than 3 s (3.6 s measured, against 1.0 s without it and 1.6 s for the
     Go peer; docs/benchmarks.md). kubectl turns client-go's limit off for the same reason. Set
     it where APF is off or projector's identity is exempt from it (system:masters)."""
     burst: int = 400
