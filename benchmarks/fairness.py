@@ -1,14 +1,15 @@
 """Fairness: another client's reads while projector fans out, with and without its FlowSchema.
 
-Projector runs as the chart installs it (deploy/install.yaml applied, its ServiceAccount's
-token, default flags: no client-side rate limit), so API Priority and Fairness applies to it
-(the admin is exempt, so every other benchmark runs it outside APF). Another ServiceAccount,
+Projector runs as the chart's ServiceAccount (its RBAC applied from deploy/install.yaml, a
+token of it, default flags: no client-side rate limit), so API Priority and Fairness applies to
+it (the admin is exempt, so every other benchmark runs it outside APF). Another ServiceAccount,
 the probe, in its own namespace, reads in a closed loop with a pause of `PAUSE`: a GET of one
 Secret, then a LIST of its namespace's `PROBE_SECRETS` Secrets, each timed (the raw client of
 the floor, aiohttp). Its requests go to the built-in `service-accounts` FlowSchema
 (workload-low), where projector's own go without the chart's.
 
-Per mode (the chart's PriorityLevelConfiguration and FlowSchemas applied, then deleted), the
+Per mode (the chart's PriorityLevelConfiguration and FlowSchemas applied, then deleted; none
+is left behind), the
 probe first runs alone (`idle`), then during `samples` fan-outs 1 -> n (a source update; t0
 just before its PUT, t1 the last copy's watch event; the probe's requests started in [t0, t1]
 count as `during`). Then projector's own counts: its PUTs, and the 429s among them; the copies
@@ -132,11 +133,18 @@ def _token_kubeconfig(api: k8s.ApiClient, admin: Path, sa: str, ns: str, path: P
     return write_kubeconfig(path, doc)
 
 
+IDENTITY = frozenset(
+    {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+)
+"""What of the chart projector's identity is: nothing else is applied (the API server may be a
+shared test plane whose other tests create the chart's Deployment or budget themselves)."""
+
+
 def _install(api: k8s.ApiClient) -> list[dict[str, Any]]:
-    """Apply the chart's manifests but its Deployment and APF objects; return the latter."""
+    """Apply the chart's ServiceAccount and RBAC (deploy/install.yaml); return its APF objects."""
     docs = chart.documents((REPO / "deploy" / "install.yaml").read_text())
     for doc in docs:
-        if doc["kind"] not in (*APF, "Deployment"):
+        if doc["kind"] in IDENTITY:
             _apply(api, doc)
     apf = [d for d in docs if d["kind"] in APF]
     assert len(apf) == 3, "install.yaml renders a level and two FlowSchemas"
@@ -293,8 +301,8 @@ async def _run(
             assert written == n * samples, f"{mode}: {written} copies written, {n * samples} due"
             assert puts == written + throttled, f"{mode}: {puts} PUTs, {throttled} of them 429"
             systems[f"projector ({mode})"] = result
-    for doc in apf:  # as the chart ships it
-        await asyncio.to_thread(_apply, api, doc)
+    for doc in apf:  # the API server as it was found (a shared test plane has none of them)
+        await asyncio.to_thread(_delete, api, doc)
     await kube.delete(GRANTS, tag)  # no controller runs: the copies stay, out of later runs' way
     ratios: dict[str, float] = {}
     for key, r in systems.items():
