@@ -305,9 +305,10 @@ async def fanout(
         ratios[f"{st.peer.name}/floor p50"] = s_peer["median"] / f["median"]
     server = "api_server_cpu_per_copy"
     if server in systems["projector"]:  # what each system's copies cost the API server
+        # (0 where a tiny fan-out's CPU is below /proc's 10 ms tick: no ratio then)
         mine = systems["projector"][server]["median"]
         for key, sys_ in systems.items():
-            if key != "projector" and server in sys_:
+            if key != "projector" and server in sys_ and sys_[server]["median"] > 0:
                 other = key if key.startswith("floor") else key.split(" ")[0]
                 ratios[f"projector/{other} API server CPU per copy p50"] = (
                     mine / sys_[server]["median"]
