@@ -62,4 +62,5 @@ def test_http_port_serves_health_readiness_and_metrics(
     k8s.delete_grant(g)  # onRevoke Delete: the copy goes, a revocation observed
     eventually(lambda: controller.metric("projector_grants") == before - 1)
     eventually(lambda: k8s.copy_data(a, "hub") is None)
-    eventually(lambda: controller.metric("projector_revocation_seconds_count") == revoked + 1)
+    # at least this one: orphans other tests left on the session plane are revoked too
+    eventually(lambda: controller.metric("projector_revocation_seconds_count") >= revoked + 1)
