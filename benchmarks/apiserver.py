@@ -63,7 +63,8 @@ class ApiServer:
     """The plane's API server, read around a sample (`start`, then `stop`)."""
 
     def __init__(self, kubeconfig: Path, pid: int) -> None:
-        self.kubeconfig, self.pid = kubeconfig, pid
+        self.pid = pid
+        self._server, self._ssl, self._headers = ssl_and_headers(kubeconfig)
         self.idle_rate = 0.0
         self._cpu0 = self._t0 = self._req0 = 0.0
 
@@ -73,10 +74,9 @@ class ApiServer:
         return None if pid is None else cls(kubeconfig, pid)
 
     async def requests(self) -> float:
-        server, ssl_ctx, headers = ssl_and_headers(self.kubeconfig)
         async with (
-            aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl_ctx)) as s,
-            s.get(f"{server}/metrics", headers=headers) as r,
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self._ssl)) as s,
+            s.get(f"{self._server}/metrics", headers=self._headers) as r,
         ):
             body = await r.read()
         return sum(

@@ -49,7 +49,7 @@ from projector.cache.caches import (
     Spec,
 )
 from projector.client.kube import Kube
-from projector.core.kinds import GRANTS, SECRETS, Resource
+from projector.core.kinds import GRANTS, SECRETS
 from projector.core.model import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 
 NAMESPACES = 1_000
@@ -66,11 +66,6 @@ SPECS: tuple[Spec[Any, Any], ...] = (
 """What a replica lists at start (with --configmaps, its default; no rollouts)."""
 
 
-def _path(res: Resource) -> str:
-    base = "/api/v1" if res.version == "v1" else f"/apis/{res.version}"
-    return f"{base}/{res.plural}"
-
-
 async def _list_all(session: aiohttp.ClientSession, server: str, spec: Spec[Any, Any]) -> int:
     """One kind's list, page by page; the objects it held."""
     query: dict[str, str] = {"limit": str(spec.page)}
@@ -78,7 +73,9 @@ async def _list_all(session: aiohttp.ClientSession, server: str, spec: Spec[Any,
         query["labelSelector"] = spec.label_selector
     count = 0
     while True:
-        async with session.get(f"{server}{_path(spec.resource)}?{urlencode(query)}") as r:
+        async with session.get(
+            f"{server}{spec.resource.root}/{spec.resource.plural}?{urlencode(query)}"
+        ) as r:
             body = orjson.loads(await r.read())
             if r.status != 200:
                 raise RuntimeError(f"list {spec.resource.plural}: {r.status}")
@@ -161,16 +158,17 @@ async def run(
                 writes.append(c.writes())
             seconds, listed = await floor(kubeconfig)
             floors.append(seconds)
+        s_ready, s_settled, s_floor = (summary(x, "s") for x in (ready, settled, floors))
         point = {
             "copies": size,
             "copies_in_cluster": in_cluster,
             "objects_listed": listed,
-            "ready_s": summary(ready, "s"),
-            "settled_s": summary(settled, "s"),
-            "floor_s": summary(floors, "s"),
+            "ready_s": s_ready,
+            "settled_s": s_settled,
+            "floor_s": s_floor,
             "writes": writes,
-            "settled/floor p50": summary(settled, "s")["median"] / summary(floors, "s")["median"],
-            "ready/floor p50": summary(ready, "s")["median"] / summary(floors, "s")["median"],
+            "settled/floor p50": s_settled["median"] / s_floor["median"],
+            "ready/floor p50": s_ready["median"] / s_floor["median"],
         }
         points.append(point)
     systems = {

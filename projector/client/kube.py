@@ -187,9 +187,8 @@ class Kube(Api):
         subresource.
         """
         res = req.res
-        group = "/api/v1" if res.version == "v1" else f"/apis/{res.version}"
         scope = f"/namespaces/{req.namespace}" if res.namespaced and req.namespace else ""
-        return f"{group}{scope}/{res.url(req.name, req.subresource)}"
+        return f"{res.root}{scope}/{res.url(req.name, req.subresource)}"
 
     def _target(self, req: Request) -> str:
         """The request line's target: the server's path prefix, the path, the query."""

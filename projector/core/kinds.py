@@ -21,6 +21,11 @@ class Resource:
     namespaced: bool
     kind: str
 
+    @property
+    def root(self) -> str:
+        """The path its group and version are served under."""
+        return "/api/v1" if self.version == "v1" else f"/apis/{self.version}"
+
     def url(self, name: str | None = None, subresource: str | None = None) -> str:
         """The part of the path after the namespace."""
         return "/".join(p for p in (self.plural, name, subresource) if p)
