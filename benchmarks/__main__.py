@@ -30,8 +30,8 @@ SIZES: dict[str, dict[str, Any]] = {
     "full": {
         "hot": (10, 1_000, 10_000),
         "hot_repeats": 15,
-        "fanout": ((100, 10, 3), (1_000, 5, 1), (5_000, 3, 1)),
-        "peer_blocks": {100: 5, 1_000: 5, 5_000: 3},
+        "fanout": ((100, 10, 3), (1_000, 9, 1), (5_000, 3, 1)),
+        "peer_blocks": {100: 5, 1_000: 9, 5_000: 3},
         # kubernetes-replicator (client-go's 5 QPS) takes 200 s a sample at 1,000, 1,000 s at
         # 5,000: it runs at 1 -> 100 only
         "peers_only": {1_000: ("projection",), 5_000: ("projection",)},

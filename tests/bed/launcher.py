@@ -45,6 +45,9 @@ class ControllerProcess:
     log: Path
     started: float
     """time.monotonic() just before the process was spawned."""
+    answered: float | None = None
+    """time.monotonic() when /readyz first answered, ready or not (`ready()` notes it): its
+    probe port is open, so the process has started and its informers are listing."""
     stopped: bool = False
     """stop() was called: how the process ended is the caller's to check."""
     metrics_port: int = 0
@@ -85,7 +88,10 @@ class ControllerProcess:
             raise AssertionError(
                 f"controller exited {self.proc.returncode}:\n{self.logs()[-3000:]}"
             )
-        return self.get("/readyz")[0] == 200
+        status = self.get("/readyz")[0]
+        if status and self.answered is None:
+            self.answered = time.monotonic()
+        return status == 200
 
     def metrics(self) -> Samples:
         out: Samples = {}
