@@ -61,6 +61,7 @@ def test_benchmarks_run_at_tiny_sizes(tiny: Path) -> None:
     assert restart["systems"]["projector"]["writes_after_restart"]["value"] == 0
     (cold,) = load(tiny, "restart-floor")["points"]
     assert cold["writes"] == [0] and cold["objects_listed"] >= cold["copies_in_cluster"]
+    assert 0 < cold["started_s"]["median"] < cold["ready_s"]["median"]  # its port, then its lists
     scaling = load(tiny, "scaling")
     for axis in ("namespaces", "grants", "copies", "unrelated"):
         assert scaling["axes"][axis], axis
