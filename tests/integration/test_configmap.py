@@ -315,7 +315,7 @@ def test_without_configmaps_no_configmap_is_listed_and_their_grants_are_refused(
     assert (cond["status"], cond["reason"]) == ("False", "SourceRefused"), cond
     assert "--no-configmaps" in cond["message"]
     assert k8s.config_copy(dst, "hub") is None
-    assert int(k8s.status(secret_grant)["targets"]["projected"]) == 1
+    eventually(lambda: int(k8s.status(secret_grant)["targets"]["projected"]) == 1)
     listed = sum(
         cp.metric("projector_informer_events_total", kind=kind)
         for kind in ("configmap-sources", "configmap-copies")

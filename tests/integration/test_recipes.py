@@ -348,7 +348,7 @@ def test_jupyterhub_token_to_dask_gateway_with_both_charts_own_values(
     assert eventually(lambda: k8s.copy_data(gateway_ns, "hub")) == {key: first}
     copy_ = k8s.copy(gateway_ns, "hub")
     assert copy_ is not None and copy_.type == "Opaque"
-    assert k8s.status(g_name)["targets"]["projected"] == 1
+    eventually(lambda: k8s.status(g_name)["targets"]["projected"] == 1)  # written after the copy
     # the other keys never leave: no Secret of dask-gateway holds any of their values ...
     others = {v for k, v in hub.items() if k != key}
     assert not others & values_anywhere(k8s, gateway_ns)
@@ -465,7 +465,8 @@ def test_a_shared_tls_secret_reaches_every_app_namespace_by_a_selector(
     k8s.core.patch_namespace(b, {"metadata": {"labels": dict.fromkeys(selector)}})
     eventually(lambda: k8s.copy(b, name) is None)
     assert tls_copy(k8s, a, name) == want and k8s.copy(plain, name) is None
-    assert k8s.status(g["metadata"]["name"])["targets"]["projected"] == 2
+    # the status is written after the delete: await it, not the delete
+    eventually(lambda: k8s.status(g["metadata"]["name"])["targets"]["projected"] == 2)
     assert untouched_by_projector(k8s, source_ns, name)
 
 
