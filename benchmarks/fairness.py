@@ -50,16 +50,14 @@ from projector.client.kube import Kube
 from projector.config import Config
 from projector.core.kinds import GRANTS, SECRETS
 from projector.core.model import GRANT_LABEL
-from tests.bed.controlplane.plane import kubeconfig_dict, write_kubeconfig
 from tests.bed.helm import chart
-from tests.bed.kube import request_token
+from tests.bed.kube import PF_LEVEL, priority_levels, token_kubeconfig
 from tests.bed.launcher import REPO, ControllerProcess
 
 APF = ("FlowSchema", "PriorityLevelConfiguration")
 PROBE = "bench-probe"
 PROBE_SECRETS = 50
 PAUSE = 0.02
-PF_LEVEL = "X-Kubernetes-PF-PriorityLevel-UID"
 
 
 @dataclass
@@ -124,15 +122,6 @@ def _delete(api: k8s.ApiClient, doc: dict[str, Any]) -> None:
         res.delete(name=doc["metadata"]["name"])
 
 
-def _token_kubeconfig(api: k8s.ApiClient, admin: Path, sa: str, ns: str, path: Path) -> Path:
-    token = request_token(k8s.CoreV1Api(api), sa, ns)
-    server, _, _ = ssl_and_headers(admin)
-    ca = api.configuration.ssl_ca_cert
-    user = f"system:serviceaccount:{ns}:{sa}"
-    doc = kubeconfig_dict(server, Path(ca).read_bytes(), user=user, token=token, namespace=ns)
-    return write_kubeconfig(path, doc)
-
-
 IDENTITY = frozenset(
     {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 )
@@ -183,19 +172,12 @@ async def _served_by(kubeconfig: Path) -> str:
         return r.headers.get(PF_LEVEL, "")
 
 
-def _levels(api: k8s.ApiClient) -> dict[str, str]:
-    res = dynamic.DynamicClient(api).resources.get(
-        api_version="flowcontrol.apiserver.k8s.io/v1", kind="PriorityLevelConfiguration"
-    )
-    return {i.metadata.uid: i.metadata.name for i in res.get().items}
-
-
 async def _until_served_by(kubeconfig: Path, api: k8s.ApiClient, level: str) -> None:
     """Wait until APF has taken the change in (its config controller applies it in the
     background): this identity's requests are served by `level`."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if _levels(api).get(await _served_by(kubeconfig)) == level:
+        if await _served_by(kubeconfig) == priority_levels(api).get(level):
             return
         await asyncio.sleep(0.2)
     raise TimeoutError(f"requests never served by {level}")
@@ -248,8 +230,8 @@ async def _run(
         for i in range(PROBE_SECRETS)
     )
     ns = Config().namespace
-    as_projector = _token_kubeconfig(api, kubeconfig, "projector", ns, work / "sa.kubeconfig")
-    as_probe = _token_kubeconfig(api, kubeconfig, PROBE, PROBE, work / "probe.kubeconfig")
+    as_projector = token_kubeconfig(work / "sa.kubeconfig", api, "projector", ns)
+    as_probe = token_kubeconfig(work / "probe.kubeconfig", api, PROBE, PROBE)
     tag = f"fair{n}"
     src, targets = f"{tag}-src", [f"{tag}-{i}" for i in range(n)]
     await namespaces(kube, [src], {})
@@ -295,9 +277,8 @@ async def _run(
             result["copies_written"] = written
             result["copy_puts"] = puts
             result["copy_puts_429"] = throttled
-            result["probe_levels"] = sorted(
-                _levels(api).get(uid, uid) for uid in probe.levels if uid
-            )
+            names = {uid: name for name, uid in priority_levels(api).items()}
+            result["probe_levels"] = sorted(names.get(uid, uid) for uid in probe.levels if uid)
             assert written == n * samples, f"{mode}: {written} copies written, {n * samples} due"
             assert puts == written + throttled, f"{mode}: {puts} PUTs, {throttled} of them 429"
             systems[f"projector ({mode})"] = result

@@ -25,9 +25,8 @@ from tests.bed.kube import (
     api_client,
     bind_service_account,
     eventually,
-    request_token,
+    token_kubeconfig,
     unique_name,
-    write_token_kubeconfig,
 )
 from tests.support import (
     Canaries,
@@ -319,7 +318,6 @@ def namespace(make_namespace: NamespaceFactory) -> str:
 
 @pytest.fixture
 def service_account_kubeconfig(
-    control_plane: ControlPlane,
     core_v1: client.CoreV1Api,
     rbac_v1: client.RbacAuthorizationV1Api,
     admin_client: client.ApiClient,
@@ -343,9 +341,8 @@ def service_account_kubeconfig(
         bindings.append(binding)
         user = f"system:serviceaccount:{namespace}:{name}"
         _wait_until_bound(rbac_v1, auth_v1, cluster_role, user, namespace)
-        token = request_token(core_v1, name, namespace)
-        return write_token_kubeconfig(
-            tmp_path / f"{name}.kubeconfig", control_plane, token, user=user, namespace=namespace
+        return token_kubeconfig(
+            tmp_path / f"{name}.kubeconfig", core_v1.api_client, name, namespace
         )
 
     yield make

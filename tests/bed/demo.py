@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     custom = client.CustomObjectsApi(api)
     story = Story()
     with tempfile.TemporaryDirectory() as tmp:
-        kubeconfig = projector_kubeconfig(api, plane, Path(tmp) / "kubeconfig")
+        kubeconfig = projector_kubeconfig(api, Path(tmp) / "kubeconfig")
         ctl = launch(kubeconfig, Path(tmp) / "controller.log")
         try:
             token = run_story(story, core, custom, api, ctl)

@@ -22,7 +22,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.dynamic import DynamicClient
 
-from tests.bed.controlplane.plane import ControlPlane, kubeconfig_dict, write_kubeconfig
+from tests.bed.controlplane.plane import kubeconfig_dict, write_kubeconfig
 
 T = TypeVar("T")
 
@@ -115,14 +115,28 @@ def bind_service_account(
     )
 
 
-def write_token_kubeconfig(
-    path: Path, plane: ControlPlane, token: str, *, user: str, namespace: str | None = None
+def token_kubeconfig(
+    path: Path, api: client.ApiClient, service_account: str, namespace: str
 ) -> Path:
-    """A kubeconfig for ``plane`` that authenticates with a bearer token."""
-    config_doc = kubeconfig_dict(
-        plane.server, plane.ca_file.read_bytes(), user=user, token=token, namespace=namespace
+    """A kubeconfig for `api`'s server as ServiceAccount `namespace/service_account`, with a
+    fresh bound token: the identity one of its pods would have."""
+    token = request_token(client.CoreV1Api(api), service_account, namespace)
+    user = f"system:serviceaccount:{namespace}:{service_account}"
+    ca = Path(api.configuration.ssl_ca_cert).read_bytes()
+    doc = kubeconfig_dict(api.configuration.host, ca, user=user, token=token, namespace=namespace)
+    return write_kubeconfig(path, doc)
+
+
+PF_LEVEL = "X-Kubernetes-PF-PriorityLevel-UID"
+"""The response header in which API Priority and Fairness names the level that served it."""
+
+
+def priority_levels(api: client.ApiClient) -> dict[str, str]:
+    """Every PriorityLevelConfiguration's uid (what `PF_LEVEL` carries), by name."""
+    res = DynamicClient(api).resources.get(
+        api_version="flowcontrol.apiserver.k8s.io/v1", kind="PriorityLevelConfiguration"
     )
-    return write_kubeconfig(path, config_doc)
+    return {i.metadata.name: i.metadata.uid for i in res.get().items}
 
 
 def apply_manifests(api: client.ApiClient, directory: Path) -> int:
@@ -163,18 +177,13 @@ def install_rbac(api: client.ApiClient, rbac: Path = RBAC) -> str:
     return namespace
 
 
-def projector_kubeconfig(
-    api: client.ApiClient, plane: ControlPlane, dest: Path, rbac: Path = RBAC
-) -> Path:
+def projector_kubeconfig(api: client.ApiClient, dest: Path, rbac: Path = RBAC) -> Path:
     """Install the shipped RBAC (`rbac`) and write a kubeconfig of its ServiceAccount (never
     admin).
 
     The controller under test or in the demo then runs with exactly the shipped permissions.
     """
-    namespace = install_rbac(api, rbac)
-    token = request_token(client.CoreV1Api(api), "projector", namespace)
-    user = f"system:serviceaccount:{namespace}:projector"
-    return write_token_kubeconfig(dest, plane, token, user=user, namespace=namespace)
+    return token_kubeconfig(dest, api, "projector", install_rbac(api, rbac))
 
 
 def b64(v: str) -> str:

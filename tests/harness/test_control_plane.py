@@ -35,9 +35,8 @@ from tests.bed.kube import (
     api_client,
     bind_service_account,
     eventually,
-    request_token,
+    token_kubeconfig,
     unique_name,
-    write_token_kubeconfig,
 )
 from tests.support import NamespaceFactory, ServiceAccountKubeconfigFactory, status_of
 
@@ -107,7 +106,6 @@ def test_watch_sees_secret_created_after_it_started(
 
 
 def test_service_account_needs_rbac(
-    control_plane: ControlPlane,
     core_v1: client.CoreV1Api,
     rbac_v1: client.RbacAuthorizationV1Api,
     cluster_role: ClusterRoleFactory,
@@ -118,9 +116,7 @@ def test_service_account_needs_rbac(
     core_v1.create_namespaced_service_account(
         namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="reader"))
     )
-    token = request_token(core_v1, "reader", namespace)
-    user = f"system:serviceaccount:{namespace}:reader"
-    kubeconfig = write_token_kubeconfig(tmp_path / "sa", control_plane, token, user=user)
+    kubeconfig = token_kubeconfig(tmp_path / "sa", core_v1.api_client, "reader", namespace)
     api = api_client(kubeconfig)
     request.addfinalizer(api.close)
     as_reader = client.CoreV1Api(api)

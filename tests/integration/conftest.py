@@ -36,7 +36,7 @@ def projector_kubeconfig(
 ) -> Path:
     """A kubeconfig for the ServiceAccount of deploy/rbac/, with exactly the shipped RBAC."""
     dest = tmp_path_factory.mktemp("projector") / "kubeconfig"
-    return kube.projector_kubeconfig(admin_client, control_plane, dest)
+    return kube.projector_kubeconfig(admin_client, dest)
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,6 @@ import pytest
 from kubernetes import client, utils
 from kubernetes.dynamic import DynamicClient
 
-from tests.bed.controlplane.plane import ControlPlane
 from tests.bed.helm import chart
 from tests.bed.kube import (
     RBAC,
@@ -33,9 +32,8 @@ from tests.bed.kube import (
     apply_manifests,
     bind_service_account,
     eventually,
-    request_token,
+    token_kubeconfig,
     unique_name,
-    write_token_kubeconfig,
 )
 from tests.support import status_of
 
@@ -522,7 +520,6 @@ def test_a_kube_system_daemonset_cannot_be_repointed(hostile: Hostile) -> None:
 def tenant(
     hostile: Hostile,
     admin_client: client.ApiClient,
-    control_plane: ControlPlane,
     tmp_path: Path,
 ) -> Iterator[tuple[str, client.CoreV1Api]]:
     """A namespace (labelled nebari.dev/pack=tenant by its admin) and a ServiceAccount in it that
@@ -549,12 +546,8 @@ def tenant(
         ns, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="tenant"))
     )
     bind_service_account(rbac, role, role, "tenant", ns)
-    token = request_token(hostile.core, "tenant", ns)
-    kubeconfig = write_token_kubeconfig(
-        tmp_path / "tenant.kubeconfig",
-        control_plane,
-        token,
-        user=f"system:serviceaccount:{ns}:tenant",
+    kubeconfig = token_kubeconfig(
+        tmp_path / "tenant.kubeconfig", hostile.core.api_client, "tenant", ns
     )
     try:
         yield ns, client.CoreV1Api(api_client(kubeconfig))

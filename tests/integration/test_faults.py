@@ -191,9 +191,13 @@ def test_controller_killed_mid_fan_out_converges_without_strays_or_duplicates(
 
 
 def _creates_into(audit_log: Path, since: datetime, targets: set[str]) -> list[AuditWrite]:
-    """Every Secret create since `since`, once a create into each target is on record; else []."""
+    """Every create of a Secret `hub` (the copies' name) since `since`, once a create into each
+    target is on record; else []. Not the controller's hash key: the first controller on a new
+    plane creates it (projector-system/projector-hash-key), which is not a copy."""
     writes = audit_writes(audit_log, since)
-    creates = [w for w in writes if w.resource == "secrets" and w.verb == "create"]
+    creates = [
+        w for w in writes if w.resource == "secrets" and w.verb == "create" and w.name == "hub"
+    ]
     return creates if targets <= {w.namespace for w in creates} else []
 
 
@@ -324,7 +328,7 @@ def test_watch_expired_after_etcd_compaction_relists_and_deletes_nothing(
     try:
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         k8s = Cluster(core, custom, canaries, "gone")
-        kubeconfig = kube.projector_kubeconfig(api, plane, tmp_path / "projector.kubeconfig")
+        kubeconfig = kube.projector_kubeconfig(api, tmp_path / "projector.kubeconfig")
         with relay_to(plane.server, kubeconfig, tmp_path / "relayed") as (relay, relayed):
 
             def namespace(**labels: str) -> str:

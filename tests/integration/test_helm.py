@@ -26,7 +26,13 @@ from kubernetes import client, dynamic
 import projector
 from tests.bed.controlplane.plane import CONTROLLER_MANAGER, ControlPlane
 from tests.bed.helm import chart
-from tests.bed.kube import api_client, eventually, request_token, write_token_kubeconfig
+from tests.bed.kube import (
+    PF_LEVEL,
+    api_client,
+    eventually,
+    priority_levels,
+    token_kubeconfig,
+)
 from tests.bed.launcher import REPO, ControllerProcess, launch
 from tests.bed.observability import rules
 from tests.integration import test_big_secrets as big_secrets
@@ -537,15 +543,8 @@ def test_operator_values_pass_a_server_side_dry_run(
         server_side_apply(fresh_api, broken, dry_run=True)
 
 
-def sa_kubeconfig(plane: ControlPlane, api: client.ApiClient, path: Path) -> Path:
-    token = request_token(client.CoreV1Api(api), RELEASE, NAMESPACE)
-    user = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"
-    return write_token_kubeconfig(path, plane, token, user=user, namespace=NAMESPACE)
-
-
 def first_projection(
     k8s: Cluster,
-    plane: ControlPlane,
     api: client.ApiClient,
     tmp_path: Path,
     namespaces: tuple[str, str],
@@ -560,7 +559,7 @@ def first_projection(
             k8s.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
     k8s.source(src, "hub", {"api-token": f"CANARY-{tag}-1"}, export_to=dst)
     grant = k8s.grant((src, "hub"), name=f"{tag}-hub", namespaces=[dst])
-    kubeconfig = sa_kubeconfig(plane, api, tmp_path / "sa.kubeconfig")
+    kubeconfig = token_kubeconfig(tmp_path / "sa.kubeconfig", api, RELEASE, NAMESPACE)
     return grant, launch(kubeconfig, tmp_path / "controller.log"), kubeconfig
 
 
@@ -593,8 +592,6 @@ def released_objects(api: client.ApiClient) -> list[str]:
 
 
 FLOWCONTROL = "flowcontrol.apiserver.k8s.io/v1"
-PF_LEVEL = "X-Kubernetes-PF-PriorityLevel-UID"
-"""The response header in which API Priority and Fairness names the level that served it."""
 
 
 def served_by(request: Callable[[], Any]) -> str:
@@ -604,14 +601,6 @@ def served_by(request: Callable[[], Any]) -> str:
     except client.ApiException as e:  # a 404 is served by a level too
         headers = e.headers
     return str(headers[PF_LEVEL])
-
-
-def levels(api: client.ApiClient) -> dict[str, str]:
-    """Every PriorityLevelConfiguration's uid, by name."""
-    res = dynamic.DynamicClient(api).resources.get(
-        api_version=FLOWCONTROL, kind="PriorityLevelConfiguration"
-    )
-    return {i.metadata.name: i.metadata.uid for i in res.get().items}
 
 
 def run_cli(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -662,15 +651,13 @@ def test_helm_install_upgrade_uninstall_on_a_real_api_server(
 
     # a new user's first projection, by the chart's ServiceAccount and RBAC (no kubelet: no pod)
     src, dst = "jupyterhub", "dask-gateway"
-    grant, ctl, kubeconfig = first_projection(
-        k8s, fresh_plane, fresh_api, tmp_path, (src, dst), "helm"
-    )
+    grant, ctl, kubeconfig = first_projection(k8s, fresh_api, tmp_path, (src, dst), "helm")
     try:
         eventually(ctl.ready, timeout=30, message="controller /readyz")
         eventually(lambda: k8s.copy_data(dst, "hub") == {"api-token": "CANARY-helm-1"})
         # API Priority and Fairness: its requests are served in its own bounded level, its
         # Lease requests in leader-election, as the chart's FlowSchemas say
-        uids, as_sa = levels(fresh_api), api_client(kubeconfig)
+        uids, as_sa = priority_levels(fresh_api), api_client(kubeconfig)
         secrets = client.CoreV1Api(as_sa).list_namespaced_secret
         assert served_by(lambda: secrets(dst, _preload_content=False)) == uids[RELEASE]
         lease = client.CoordinationV1Api(as_sa).read_namespaced_lease
@@ -830,7 +817,7 @@ def argo_rendered(helm_bin: Path, tmp_path: Path) -> list[dict[str, Any]]:
 
 
 def test_deleting_the_controller_application_as_argo_cd_would_leaves_crd_grants_and_copies(
-    helm_bin: Path, fresh_plane: ControlPlane, fresh_api: client.ApiClient, tmp_path: Path
+    helm_bin: Path, fresh_api: client.ApiClient, tmp_path: Path
 ) -> None:
     """Argo CD syncs the controller's Application (the chart with its crds/), the controller
     projects; then the Application is deleted with its resources finalizer, which deletes every
@@ -851,7 +838,7 @@ def test_deleting_the_controller_application_as_argo_cd_would_leaves_crd_grants_
 
     eventually(established, message="CRD Established")
     src, dst = "argo-producer", "argo-consumer"
-    grant, ctl, _ = first_projection(k8s, fresh_plane, fresh_api, tmp_path, (src, dst), "argo")
+    grant, ctl, _ = first_projection(k8s, fresh_api, tmp_path, (src, dst), "argo")
     try:
         eventually(lambda: k8s.copy_data(dst, "hub") == {"api-token": "CANARY-argo-1"})
     finally:

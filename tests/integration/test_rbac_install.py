@@ -22,7 +22,7 @@ def test_the_shipped_rbac_installs_again_and_a_refused_manifest_fails_the_run(
     control_plane: ControlPlane, admin_client: client.ApiClient, tmp_path: Path
 ) -> None:
     for run in ("first", "again"):  # a plane reused by a second session: applied again
-        assert kube.projector_kubeconfig(admin_client, control_plane, tmp_path / run).exists()
+        assert kube.projector_kubeconfig(admin_client, tmp_path / run).exists()
     docs = list(yaml.safe_load_all((kube.RBAC / "rbac.yaml").read_text()))
     role = copy.deepcopy(next(d for d in docs if d and d["kind"] == "ClusterRole"))
     role["metadata"]["name"] = kube.unique_name("broken-rbac")
@@ -31,5 +31,5 @@ def test_the_shipped_rbac_installs_again_and_a_refused_manifest_fails_the_run(
     broken.mkdir()
     (broken / "rbac.yaml").write_text(yaml.safe_dump(role))
     with pytest.raises(client.ApiException) as err:
-        kube.projector_kubeconfig(admin_client, control_plane, tmp_path / "c", rbac=broken)
+        kube.projector_kubeconfig(admin_client, tmp_path / "c", rbac=broken)
     assert err.value.status == 422
