@@ -670,9 +670,10 @@ def _p(doc: dict[str, Any], system: str | None, metric: str, key: str = "median"
 
 
 def tenant_rows(docs: dict[str, Any], files: Files) -> list[Verdict]:
-    """New namespace -> copy and revocation, projector beside projection (`tenant`)."""
+    """New namespace -> copy and revocation, projector beside projection, and beside
+    kubernetes-replicator where it ran (`tenant`)."""
     doc = docs.get("tenant", {})
-    peer = _peer(doc, "projection")
+    peer, replicator = _peer(doc, "projection"), _peer(doc, "kubernetes-replicator")
     rows: list[Verdict] = []
     for metric, what in (
         ("new_namespace", "new namespace -> its copy, one at a time"),
@@ -680,15 +681,21 @@ def tenant_rows(docs: dict[str, Any], files: Files) -> list[Verdict]:
         ("revoked_relabelled", "revocation: namespace relabelled -> copy gone"),
         ("revoked_grant_deleted", "revocation: grant deleted -> last of 100 copies gone"),
     ):
+
+        def p50_p99(system: str | None, metric: str = metric) -> str:
+            p50, p99 = _p(doc, system, metric), _p(doc, system, metric, "p99")
+            return f"{_v(p50, 'ms')} ({_v(p99, 'ms')})"
+
         mine, theirs = _p(doc, "projector", metric), _p(doc, peer, metric)
-        mine99, theirs99 = _p(doc, "projector", metric, "p99"), _p(doc, peer, metric, "p99")
         ok = None if mine is None or theirs is None else mine < theirs
+        measured = f"projector {p50_p99('projector')}, projection {p50_p99(peer)}"
+        if replicator is not None:
+            measured += f", kubernetes-replicator {p50_p99(replicator)}"
         rows.append(
             (
                 what + ", p50 (p99)",
                 "below projection's, same run",
-                f"projector {_v(mine, 'ms')} ({_v(mine99, 'ms')}), projection "
-                f"{_v(theirs, 'ms')} ({_v(theirs99, 'ms')})",
+                measured,
                 verdict(ok),
                 files("tenant"),
             )

@@ -1,9 +1,9 @@
 """What a tenant sees: a new namespace getting its copy, and a copy going when consent goes.
 
-Each system (projector, projection) runs alone in its block, with its defaults, its own source
-and its own namespace label; every time is from t0, just before the triggering write is sent
-(by the harness's own client, the same for both), to the receipt of the watch event (the
-floor's `Observer`) that shows the result:
+Each system (projector, projection, kubernetes-replicator) runs alone in its block, with its
+defaults, its own source and its own namespace label; every time is from t0, just before the
+triggering write is sent (by the harness's own client, the same for all), to the receipt of
+the watch event (the floor's `Observer`) that shows the result:
 
 - new namespace, single: one namespace carrying the grant's label is created; t1 its copy's
   ADDED event. Samples one after another.
@@ -13,9 +13,14 @@ floor's `Observer`) that shows the result:
 - revocation, relabelled: a namespace holding a copy loses the label; t1 the copy's DELETED.
 - revocation, grant deleted: the grant (projection's ClusterProjection) of a fan-out to
   `fan` namespaces is deleted; t1 the last copy's DELETED. Each sample recreates it first.
+  kubernetes-replicator has no grant: its fan-out is the source's `replicate-to-matching`
+  annotation, whose removal leaves every copy in place; the only withdrawal that takes its
+  copies away is the source's deletion, so its "grant deleted" deletes the source (and each
+  sample creates it again).
 
 Both revocations are under deletion on revoke, each system's default (projector's
-`onRevoke: Delete`; projection deletes what it no longer projects).
+`onRevoke: Delete`; projection deletes what it no longer projects; kubernetes-replicator
+deletes a copy whose namespace no longer matches, and the copies of a deleted source).
 """
 
 from __future__ import annotations
@@ -206,6 +211,42 @@ async def _projection(kube: Kube, kubeconfig: Path, work: Path, tag: str) -> Asy
         api.close()
 
 
+@contextlib.asynccontextmanager
+async def _replicator(kube: Kube, kubeconfig: Path, work: Path, tag: str) -> AsyncIterator[System]:
+    peer = peers.Replicator()
+    src = f"{tag}-src"
+    await namespaces(kube, [src], {})
+    body = secret(
+        NAME,
+        {"token": "v0"},
+        labels={"bench-peer": tag},  # copied onto its copies: what the Watcher follows
+        annotations={peer.REPLICATE_TO_MATCHING: f"{LABEL}={tag}"},
+    )
+
+    async def project() -> None:
+        await kube.create(SECRETS, body, namespace=src)
+
+    async def withdraw() -> None:
+        await kube.delete(SECRETS, NAME, namespace=src)
+
+    proc = peer.start(kubeconfig, work / f"{tag}.log")
+    try:
+        await asyncio.to_thread(peer.wait_ready, proc)
+        yield System(tag, f"bench-peer={tag}", project, withdraw)
+    finally:
+        with contextlib.suppress(Exception):
+            await withdraw()
+        peers.stop(proc)
+
+
+SystemOf = Callable[[Kube, Path, Path, str], contextlib.AbstractAsyncContextManager[System]]
+PEERS: tuple[tuple[Callable[[], peers.Peer], SystemOf, str], ...] = (
+    (peers.Projection, _projection, "tn-pjn"),
+    (peers.Replicator, _replicator, "tn-rep"),
+)
+"""Each peer, its system, its tag; run after projector, in this order."""
+
+
 async def run(
     kube: Kube,
     kubeconfig: Path,
@@ -214,8 +255,8 @@ async def run(
     out: Path = RESULTS,
     build_peers: bool = True,
 ) -> Path:
-    """Both systems' blocks, projector first; one result file, `tenant`. Without
-    `build_peers`, projection runs only if already built."""
+    """Each system's block, projector first; one result file, `tenant`. Without
+    `build_peers`, a peer runs only if already built."""
     systems: dict[str, Any] = {}
     unavailable: dict[str, str] = {}
     async with observer(kubeconfig) as obs:
@@ -223,17 +264,18 @@ async def run(
         async with _projector(kube, kubeconfig, work, "tn-proj") as system:
             await _block(kube, obs, system, sizes, res)
         systems["projector"] = res.summary()
-        peer = peers.Projection()
-        try:
-            if build_peers:
-                peer.ensure_built()
-            elif peer.built() is None:
-                raise peers.PeerUnavailable(f"{peer.name} {peer.version} not built")
-        except peers.PeerUnavailable as e:
-            unavailable[peer.name] = str(e).strip().splitlines()[-1][:300]
-        else:
+        for make, system_of, tag in PEERS:
+            peer = make()
+            try:
+                if build_peers:
+                    peer.ensure_built()
+                elif peer.built() is None:
+                    raise peers.PeerUnavailable(f"{peer.name} {peer.version} not built")
+            except peers.PeerUnavailable as e:
+                unavailable[peer.name] = str(e).strip().splitlines()[-1][:300]
+                continue
             res = Results()
-            async with _projection(kube, kubeconfig, work, "tn-pjn") as system:
+            async with system_of(kube, kubeconfig, work, tag) as system:
                 await _block(kube, obs, system, sizes, res)
             systems[f"{peer.name} {peer.version}"] = res.summary()
     ratios: dict[str, float] = {}
