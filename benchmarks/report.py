@@ -230,10 +230,12 @@ Every figure of this summary is from one full `make bench` on commit `1394807` (
 with the 30 rotations on the node), except those of the rows issue 38 added or changed (fan-out
 to 1,000 and 5,000 at the defaults, the API server's cost per copy, new namespace -> copy,
 revocation, fairness, restart against its floor): those are from `python -m benchmarks full
---only fanout,tenant,fairness,coldstart --fanout 1000,5000` at `d85d8ce` (tenant, fairness),
+--only fanout,tenant,fairness,coldstart --fanout 1000,5000` at `d85d8ce` (fairness),
 `python -m benchmarks full --only fanout --fanout 1000,5000` at `61da9fc` (fan-out to 5,000),
-both on 2026-12-05, and `python -m benchmarks full --only fanout,coldstart --fanout 1000` at
-`cf59a53` (fan-out to 1,000, restart against its floor) on 2026-12-06. Every target of the
+both on 2026-12-05, `python -m benchmarks full --only fanout,coldstart --fanout 1000` at
+`cf59a53` (fan-out to 1,000, restart against its floor) and `python -m benchmarks full --only
+tenant` at `9eaa970` (new namespace -> copy, revocation; with kubernetes-replicator), both on
+2026-12-06. Every target of the
 Targets table at the end passes; the fan-out ones are judged against the floor that writes
 projector's own copy bodies (against minimal Secrets, 1 -> 100 is 1.34x). This host's speed
 moves by up to 3x between days, so read the ratios, not the absolute times. Medians:
@@ -261,13 +263,17 @@ moves by up to 3x between days, so read the ratios, not the absolute times. Medi
   Secrets 1.18 ms, so the copies' ownership marks cost the server nothing this measure can
   tell (projector is within the floors' spread; 1.15x at 5,000, where projector is 1.32 ms
   and projection 2.70 ms);
-- new namespace -> its copy (a selector grant; `tenant`): projector **13.0 ms** (p99 29.2 ms),
-  projection 66.6 ms (116.9 ms), over 30 namespaces one at a time; 200 created at once (32
-  creates in flight): each 108 ms (194 ms) against 196 ms (271 ms), the last copy 262 ms
-  after the first create against 399 ms;
+- new namespace -> its copy (a selector grant; `tenant`): projector **14.1 ms** (p99 21.1 ms),
+  projection 72.3 ms (116 ms), kubernetes-replicator 200 ms (201 ms), over 30 namespaces one
+  at a time; 200 created at once (32 creates in flight): each 278 ms (376 ms) against
+  projection's 299 ms (415 ms) and kubernetes-replicator's 20.0 s (39.4 s), the last copy
+  480 ms after the first create against 625 ms and 40.0 s (kubernetes-replicator writes at
+  client-go's default 5 requests/s, one per copy);
 - revocation under delete-on-revoke (`tenant`): a namespace relabelled -> its copy gone
-  **11.2 ms** (p99 16.7 ms) against projection's 104 ms (190 ms); a grant deleted -> the last
-  of its 100 copies gone 101 ms against 375 ms. `projector_revocation_seconds` and the alert
+  **15.4 ms** (p99 18.7 ms) against projection's 124 ms (198 ms) and kubernetes-replicator's
+  200 ms (202 ms); a grant deleted -> the last of its 100 copies gone 146 ms against 614 ms
+  (kubernetes-replicator, which has no grant, its source deleted: 40.2 s, the 200 copies of
+  that source deleted 5 a second). `projector_revocation_seconds` and the alert
   ProjectorRevocationsLagging watch it in a cluster;
 - fairness (`fairness-5000`, projector as the chart's ServiceAccount, so API Priority and
   Fairness applies to it): during fan-outs to 5,000 namespaces, another ServiceAccount's GET
@@ -689,8 +695,9 @@ def tenant_rows(docs: dict[str, Any], files: Files) -> list[Verdict]:
         mine, theirs = _p(doc, "projector", metric), _p(doc, peer, metric)
         ok = None if mine is None or theirs is None else mine < theirs
         measured = f"projector {p50_p99('projector')}, projection {p50_p99(peer)}"
-        if replicator is not None:
-            measured += f", kubernetes-replicator {p50_p99(replicator)}"
+        if replicator is not None:  # it has no grant: its source deleted instead
+            note = " (its source deleted)" if metric == "revoked_grant_deleted" else ""
+            measured += f", kubernetes-replicator{note} {p50_p99(replicator)}"
         rows.append(
             (
                 what + ", p50 (p99)",
