@@ -167,6 +167,27 @@ async def _projector(kube: Kube, kubeconfig: Path, work: Path, tag: str) -> Asyn
 
 
 @contextlib.asynccontextmanager
+async def _running(
+    peer: peers.Peer,
+    kubeconfig: Path,
+    work: Path,
+    tag: str,
+    project: Callable[[], Awaitable[None]],
+    withdraw: Callable[[], Awaitable[None]],
+) -> AsyncIterator[System]:
+    """A peer started and ready, as a System whose copies carry `bench-peer=tag` (the source's
+    label, which both peers copy); afterwards its fan-out withdrawn and the peer stopped."""
+    proc = peer.start(kubeconfig, work / f"{tag}.log")
+    try:
+        await asyncio.to_thread(peer.wait_ready, proc)
+        yield System(tag, f"bench-peer={tag}", project, withdraw)
+    finally:
+        with contextlib.suppress(Exception):
+            await withdraw()
+        peers.stop(proc)
+
+
+@contextlib.asynccontextmanager
 async def _projection(kube: Kube, kubeconfig: Path, work: Path, tag: str) -> AsyncIterator[System]:
     peer = peers.Projection()
     src = f"{tag}-src"
@@ -200,14 +221,10 @@ async def _projection(kube: Kube, kubeconfig: Path, work: Path, tag: str) -> Asy
     async def withdraw() -> None:
         await asyncio.to_thread(custom.delete_cluster_custom_object, *args, name)
 
-    proc = peer.start(kubeconfig, work / f"{tag}.log")
     try:
-        await asyncio.to_thread(peer.wait_ready, proc)
-        yield System(tag, f"bench-peer={tag}", project, withdraw)
+        async with _running(peer, kubeconfig, work, tag, project, withdraw) as system:
+            yield system
     finally:
-        with contextlib.suppress(Exception):
-            await withdraw()
-        peers.stop(proc)
         api.close()
 
 
@@ -229,14 +246,8 @@ async def _replicator(kube: Kube, kubeconfig: Path, work: Path, tag: str) -> Asy
     async def withdraw() -> None:
         await kube.delete(SECRETS, NAME, namespace=src)
 
-    proc = peer.start(kubeconfig, work / f"{tag}.log")
-    try:
-        await asyncio.to_thread(peer.wait_ready, proc)
-        yield System(tag, f"bench-peer={tag}", project, withdraw)
-    finally:
-        with contextlib.suppress(Exception):
-            await withdraw()
-        peers.stop(proc)
+    async with _running(peer, kubeconfig, work, tag, project, withdraw) as system:
+        yield system
 
 
 SystemOf = Callable[[Kube, Path, Path, str], contextlib.AbstractAsyncContextManager[System]]
